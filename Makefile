@@ -1,0 +1,45 @@
+# One-stop entry points. `make demo` and `make test` each do the whole set-up first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip -q
+CSRC   := $(shell find csrc -type f) CMakeLists.txt pyproject.toml
+
+.PHONY: setup demo test test-cpp test-py gtest clean
+
+setup: $(VENV)/.tileops-installed
+
+$(VENV)/.base:
+	$(PYTHON) -m venv $(VENV)
+	# torch==2.13.0 is the CPU build this machine keeps on disk; pin it first so that
+	# nothing later resolves a different (CUDA) torch.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -r requirements-dev.txt
+	touch $@
+
+$(VENV)/.tileops-installed: $(VENV)/.base $(CSRC)
+	$(PIP) install --no-build-isolation --no-deps -e .
+	touch $@
+
+demo: setup
+	$(PY) examples/demo.py
+
+# GoogleTest comes from Debian; install it when missing (CI and dev machines run as root).
+gtest:
+	@test -f /usr/include/gtest/gtest.h || { \
+	  echo "installing libgtest-dev (GoogleTest) from Debian"; \
+	  apt-get update -q >/dev/null && apt-get install -y -q libgtest-dev >/dev/null; }
+
+test-cpp: setup gtest
+	$(VENV)/bin/cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DTILEOPS_BUILD_TESTS=ON -DTILEOPS_BUILD_PYTHON=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
+	$(VENV)/bin/cmake --build build/cpp
+	cd build/cpp && ../../$(VENV)/bin/ctest --output-on-failure
+
+test-py: setup
+	$(PY) -m pytest -q tests
+
+test: test-cpp test-py
+
+clean:
+	rm -rf build $(VENV) .venv-*
