@@ -1,0 +1,84 @@
+// 8 float lanes, AVX2 + FMA + F16C.
+#pragma once
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "dtypes.h"
+
+struct Simd {
+  using F = __m256;
+  static constexpr int W = 8;
+  static constexpr int kGemmMR = 6;  // 6x16 micro-tile: 12 accumulators of 16 registers
+  static constexpr const char* kName = "avx2";
+
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float a) { return _mm256_set1_ps(a); }
+
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F load(const tnc::bf16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static F load(const tnc::half_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+  template <class T>
+  static F load_n(const T* p, int n, float fill = 0.f) {
+    alignas(32) float buf[8];
+    for (int i = 0; i < 8; ++i) buf[i] = i < n ? tnc::to_float(p[i]) : fill;
+    return _mm256_load_ps(buf);
+  }
+
+  static __m128i to_bf16(F v) {
+    // round to nearest even on the bit pattern; NaN keeps a quiet payload
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(is_nan));
+    const __m256i packed = _mm256_packus_epi32(r, r);  // lanes 0..3 | 0..3 , 4..7 | 4..7
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+  }
+  static __m128i to_f16(F v) { return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void store(tnc::bf16_t* p, F v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(v)); }
+  static void store(tnc::half_t* p, F v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_f16(v)); }
+  template <class T>
+  static void store_n(T* p, F v, int n) {
+    alignas(32) T buf[8];
+    store(buf, v);
+    std::memcpy(p, buf, sizeof(T) * static_cast<size_t>(n));
+  }
+
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  static F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
+  static F copysign(F magnitude, F sign) {
+    return _mm256_or_ps(abs(magnitude), _mm256_and_ps(sign, _mm256_set1_ps(-0.f)));
+  }
+  static float reduce_add(F a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static float reduce_max(F a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F pow2n(F n) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_castsi256_ps(e);
+  }
+  static F keep_at_least(F x, float threshold, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, set1(threshold), _CMP_GE_OQ), v); }
+};

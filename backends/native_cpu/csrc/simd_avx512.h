@@ -1,0 +1,68 @@
+// 16 float lanes, AVX-512 F/BW/VL (+BF16 for the float→bfloat16 store).
+#pragma once
+#include <immintrin.h>
+
+#include "dtypes.h"
+
+struct Simd {
+  using F = __m512;
+  static constexpr int W = 16;
+  static constexpr int kGemmMR = 12;  // 12x32 micro-tile: 24 accumulators of 32 registers
+  static constexpr const char* kName = "avx512";
+
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float a) { return _mm512_set1_ps(a); }
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static F load(const tnc::bf16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static F load(const tnc::half_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+
+  static F load_n(const float* p, int n, float fill = 0.f) { return _mm512_mask_loadu_ps(set1(fill), mask(n), p); }
+  static F load_n(const tnc::bf16_t* p, int n, float fill = 0.f) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask(n), p)), 16));
+    return _mm512_mask_blend_ps(mask(n), set1(fill), v);
+  }
+  static F load_n(const tnc::half_t* p, int n, float fill = 0.f) {
+    const __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask(n), p));
+    return _mm512_mask_blend_ps(mask(n), set1(fill), v);
+  }
+
+  static __m256i to_bf16(F v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
+  static __m256i to_f16(F v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void store(tnc::bf16_t* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(v)); }
+  static void store(tnc::half_t* p, F v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_f16(v)); }
+  static void store_n(float* p, F v, int n) { _mm512_mask_storeu_ps(p, mask(n), v); }
+  static void store_n(tnc::bf16_t* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_bf16(v)); }
+  static void store_n(tnc::half_t* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_f16(v)); }
+
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F abs(F a) { return _mm512_abs_ps(a); }
+  static F copysign(F magnitude, F sign) {
+    const __m512i s = _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(abs(magnitude)), s));
+  }
+  static float reduce_add(F a) { return _mm512_reduce_add_ps(a); }
+  static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^n for integral n in [-126, 127]
+  static F pow2n(F n) {
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_castsi512_ps(e);
+  }
+  // v where x >= threshold, else 0
+  static F keep_at_least(F x, float threshold, F v) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(threshold), _CMP_GE_OQ), v);
+  }
+};

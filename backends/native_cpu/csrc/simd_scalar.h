@@ -1,0 +1,40 @@
+// One lane: the portable baseline (any x86-64 or arm64); the compiler may still vectorise.
+#pragma once
+#include <algorithm>
+#include <cmath>
+
+#include "dtypes.h"
+
+struct Simd {
+  using F = float;
+  static constexpr int W = 1;
+  static constexpr int kGemmMR = 4;
+  static constexpr const char* kName = "baseline";
+
+  static F zero() { return 0.f; }
+  static F set1(float a) { return a; }
+  template <class T>
+  static F load(const T* p) { return tnc::to_float(*p); }
+  template <class T>
+  static F load_n(const T* p, int n, float fill = 0.f) { return n > 0 ? tnc::to_float(*p) : fill; }
+  template <class T>
+  static void store(T* p, F v) { *p = tnc::from_float<T>(v); }
+  template <class T>
+  static void store_n(T* p, F v, int n) { if (n > 0) *p = tnc::from_float<T>(v); }
+
+  static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  static F mul(F a, F b) { return a * b; }
+  static F div(F a, F b) { return a / b; }
+  static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+  static F fnma(F a, F b, F c) { return std::fma(-a, b, c); }
+  static F max(F a, F b) { return a > b ? a : b; }
+  static F min(F a, F b) { return a < b ? a : b; }
+  static F abs(F a) { return std::fabs(a); }
+  static F copysign(F magnitude, F sign) { return std::copysign(magnitude, sign); }
+  static float reduce_add(F a) { return a; }
+  static float reduce_max(F a) { return a; }
+  static F round(F a) { return std::nearbyint(a); }
+  static F pow2n(F n) { return tnc::bits_float(static_cast<uint32_t>(static_cast<int>(n) + 127) << 23); }
+  static F keep_at_least(F x, float threshold, F v) { return x >= threshold ? v : 0.f; }
+};

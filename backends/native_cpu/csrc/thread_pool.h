@@ -1,0 +1,27 @@
+// A small pool of our own workers: no OpenMP runtime beside torch's. The calling thread
+// takes part as worker 0, so a kernel sized to torch.get_num_threads() threads uses that
+// many cores in total. Workers spin briefly, then sleep on a futex (std::atomic::wait).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+namespace tnc {
+
+using TaskFn = void (*)(void* ctx, int64_t begin, int64_t end);
+
+// Splits [0, n) into at most `threads` contiguous ranges of at least `grain` items and
+// runs fn on each; returns after all ranges are done. Runs inline when one range suffices,
+// when called from a worker, or when another thread is using the pool.
+void parallel_for_impl(int64_t n, int64_t grain, int threads, TaskFn fn, void* ctx);
+
+template <class F>
+void parallel_for(int64_t n, int64_t grain, int threads, F&& f) {
+  auto trampoline = [](void* ctx, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(ctx))(b, e); };
+  parallel_for_impl(n, grain, threads, trampoline, const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+// Index of the calling thread in the current parallel region (0 outside one).
+int worker_index();
+
+}  // namespace tnc

@@ -1,0 +1,341 @@
+// The per-call path of every op. One Dispatcher per op instance owns its kernel memo.
+//
+// A call reads each input's device, dtype, shape and contiguity straight from the tensor
+// object (DLPack exchange API when torch has it, attribute reads otherwise), builds the
+// memo key on the stack, looks it up and launches the kernel. Validation, target
+// settling and building run in Python only on a miss (`on_miss`): their outcome is a
+// function of the key and the instance's fixed params, so a hit is already validated.
+// Tracers (tensor subclasses such as FakeTensor, active torch-function or dispatch
+// modes) are routed to `on_trace`, the op's torch.library custom op.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <vector>
+
+#include "bindings/dlpack_view.h"
+#include "bindings/py_support.h"
+#include "engine/kernel_cache.h"
+#include "engine/signature.h"
+
+namespace tileops::bindings {
+namespace {
+
+using engine::Handle;
+using engine::KernelCache;
+using engine::KeyBuffer;
+
+// What the hot path needs from torch, handed over once by tileops.ops._runtime.
+struct TorchFacts {
+  PyTypeObject* tensor_type = nullptr;     // torch.Tensor
+  PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: plain data, common for weights
+  const dlpack::ExchangeApi* exchange = nullptr;
+  PyObject* describe = nullptr;            // slow reader: t -> (dev_type, dev_index, dtype, shape, contiguous)
+  PyObject* function_mode_enabled = nullptr;
+  PyObject* dispatch_stack_length = nullptr;
+  PyObject* contiguous_name = nullptr;
+  PyObject* copy_name = nullptr;
+  PyObject* add_note_name = nullptr;
+};
+TorchFacts g_torch;
+
+constexpr int64_t kCpuIndex = -1;  // torch.device("cpu") has no index
+
+enum class Kind { kAbsent, kPlain, kSubclass, kOther };
+
+Kind classify(PyObject* object) {
+  if (object == Py_None) return Kind::kAbsent;
+  PyTypeObject* type = Py_TYPE(object);
+  if (type == g_torch.tensor_type || type == g_torch.parameter_type) return Kind::kPlain;
+  if (PyType_IsSubtype(type, g_torch.tensor_type)) return Kind::kSubclass;
+  return Kind::kOther;
+}
+
+bool tracer_active() {
+  PyObject* on = PyObject_CallNoArgs(g_torch.function_mode_enabled);
+  if (!on) throw nb::python_error();
+  const bool function_mode = on == Py_True;
+  Py_DECREF(on);
+  if (function_mode) return true;
+  PyObject* depth = PyObject_CallNoArgs(g_torch.dispatch_stack_length);
+  if (!depth) throw nb::python_error();
+  const long length = PyLong_AsLong(depth);
+  Py_DECREF(depth);
+  return length != 0;
+}
+
+bool compact(const dlpack::Tensor& view) {
+  if (view.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int32_t d = view.ndim - 1; d >= 0; --d) {
+    const int64_t size = view.shape[d];
+    if (size == 0) return true;  // no elements: every layout is contiguous
+    if (size != 1 && view.strides[d] != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+struct SlotRead {
+  int64_t device_type;
+  int64_t device_index;
+  bool contiguous;
+};
+
+// Appends one tensor's (dtype, shape) to the key and reports its device and layout.
+SlotRead read_tensor(PyObject* tensor, KeyBuffer& key) {
+  if (g_torch.exchange != nullptr) {
+    dlpack::Tensor view;
+    if (g_torch.exchange->dltensor_from_py_object_no_sync(tensor, &view) == 0) {
+      const int64_t type = view.device.device_type;
+      const int64_t index = type == dlpack::kCPU ? kCpuIndex : view.device.device_id;
+      key.add_tensor(dlpack::dtype_word(view.dtype),
+                     std::span<const int64_t>(view.shape, static_cast<size_t>(view.ndim)));
+      return {type, index, compact(view)};
+    }
+    PyErr_Clear();  // e.g. meta tensors have no DLPack form: read attributes instead
+  }
+  nb::object info = nb::steal(PyObject_CallOneArg(g_torch.describe, tensor));
+  if (!info.is_valid()) throw nb::python_error();
+  auto fields = nb::borrow<nb::tuple>(info);
+  auto shape = nb::borrow<nb::tuple>(fields[3]);
+  std::vector<int64_t> dims(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) dims[i] = nb::cast<int64_t>(shape[i]);
+  key.add_tensor(nb::cast<int64_t>(fields[2]), dims);
+  return {nb::cast<int64_t>(fields[0]), nb::cast<int64_t>(fields[1]), nb::cast<bool>(fields[4])};
+}
+
+class OwnerGil final : public engine::OwnerLock {
+ public:
+  void unlock() override { state_ = PyEval_SaveThread(); }
+  void lock() override { PyEval_RestoreThread(state_); }
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+constexpr size_t kMaxSlots = 16;
+
+class Dispatcher {
+ public:
+  Dispatcher(std::string op, size_t slots, std::vector<bool> mutated, nb::object on_miss,
+             nb::object on_trace, nb::object on_first_result)
+      : op_(std::move(op)),
+        slots_(slots),
+        mutated_(std::move(mutated)),
+        on_miss_(std::move(on_miss)),
+        on_trace_(std::move(on_trace)),
+        on_first_result_(std::move(on_first_result)),
+        cache_(op_) {
+    if (slots_ == 0 || slots_ > kMaxSlots) {
+      throw nb::value_error("an op has between 1 and 16 input slots");
+    }
+    mutated_.resize(slots_, false);
+  }
+
+  // op(*slots): the hot path.
+  nb::object call(nb::args args) { return dispatch(args, /*route_tracers=*/true); }
+  // Inside the custom op's eager implementation: tracers were already handled.
+  nb::object call_eager(nb::args args) { return dispatch(args, /*route_tracers=*/false); }
+
+  // The miss path's memo access: the kernel for `tensors`' signature, built by `build`
+  // at most once however many threads ask together.
+  nb::object fetch(int64_t role, nb::tuple tensors, nb::object build) {
+    KeyBuffer key;
+    if (!key_of(&PyTuple_GET_ITEM(tensors.ptr(), 0), tensors.size(), key)) {
+      throw nb::type_error("fetch: every slot must be a tensor or None");
+    }
+    OwnerGil gil;
+    Handle kernel = cache_.get_or_build(
+        key.view(), role, [&] { return to_handle(build()); }, gil);
+    return from_handle(kernel);
+  }
+
+  // Drops the kernel for these slots (a kernel whose first result broke the manifest).
+  void forget(nb::args args) {
+    KeyBuffer key;
+    if (!key_of(&PyTuple_GET_ITEM(args.ptr(), 0), args.size(), key)) return;
+    cache_.erase(key.view());
+  }
+
+  nb::list items() const {
+    nb::list out;
+    for (const auto& item : cache_.items()) {
+      nb::list words;
+      for (int64_t word : item.key) words.append(word);
+      out.append(nb::make_tuple(words, item.role, from_handle(item.kernel)));
+    }
+    return out;
+  }
+
+  nb::dict stats() const {
+    auto s = cache_.stats();
+    nb::dict out;
+    out["hits"] = s.hits;
+    out["misses"] = s.misses;
+    out["builds"] = s.builds;
+    out["evictions"] = s.evictions;
+    out["size"] = cache_.size();
+    return out;
+  }
+
+  void clear() { cache_.clear(); }
+  void set_return_slot(int64_t slot) { return_slot_ = slot; }
+  void set_target_label(std::string label) { target_label_ = std::move(label); }
+
+ private:
+  // Key of a run of slots; false if one is neither a tensor nor None, if no slot holds a
+  // tensor, or if the tensors are on different devices (the miss path words each error).
+  bool key_of(PyObject* const* items, size_t count, KeyBuffer& key, bool* contiguous = nullptr) {
+    bool has_device = false;
+    int64_t device_type = 0, device_index = 0;
+    key.set_device(0, 0);
+    for (size_t i = 0; i < count; ++i) {
+      PyObject* item = items[i];
+      const Kind kind = classify(item);
+      if (contiguous) contiguous[i] = true;
+      if (kind == Kind::kAbsent) {
+        key.add_absent();
+        continue;
+      }
+      if (kind == Kind::kOther) return false;
+      SlotRead read = read_tensor(item, key);
+      if (contiguous) contiguous[i] = read.contiguous;
+      if (!has_device) {
+        device_type = read.device_type;
+        device_index = read.device_index;
+        key.rewrite_device(device_type, device_index);
+        has_device = true;
+      } else if (read.device_type != device_type || read.device_index != device_index) {
+        return false;
+      }
+    }
+    return has_device;
+  }
+
+  nb::object dispatch(nb::args& args, bool route_tracers) {
+    const size_t count = args.size();
+    PyObject* const* items = &PyTuple_GET_ITEM(args.ptr(), 0);
+    if (count != slots_) return miss(args);  // the miss path words the arity error
+
+    if (route_tracers) {
+      for (size_t i = 0; i < count; ++i) {
+        if (classify(items[i]) == Kind::kSubclass) return on_trace_(*args);
+      }
+      if (tracer_active()) return on_trace_(*args);
+    }
+
+    KeyBuffer key;
+    std::array<bool, kMaxSlots> contiguous{};
+    if (!key_of(items, count, key, contiguous.data())) return miss(args);
+    if (const Handle* kernel = cache_.find(key.view())) {
+      return launch(static_cast<PyObject*>(kernel->get()), items, contiguous.data());
+    }
+    nb::object kernel = miss(args);
+    nb::object result = launch(kernel.ptr(), items, contiguous.data());
+    on_first_result_(kernel, result, *args);
+    return result;
+  }
+
+  // Validates, settles the target and builds (Python); returns the kernel or raises.
+  nb::object miss(nb::args& args) { return on_miss_(*args); }
+
+  nb::object launch(PyObject* kernel, PyObject* const* items, const bool* contiguous) {
+    std::array<PyObject*, kMaxSlots> argv{};
+    std::array<nb::object, kMaxSlots> copies{};
+    for (size_t i = 0; i < slots_; ++i) {
+      argv[i] = items[i];
+      if (contiguous[i] || items[i] == Py_None) continue;
+      copies[i] = nb::steal(PyObject_CallMethodNoArgs(items[i], g_torch.contiguous_name));
+      if (!copies[i].is_valid()) throw nb::python_error();
+      argv[i] = copies[i].ptr();
+    }
+    PyObject* result = PyObject_Vectorcall(kernel, argv.data(), slots_, nullptr);
+    if (result == nullptr) {
+      note_kernel_error();
+      throw nb::python_error();
+    }
+    nb::object owned = nb::steal(result);
+    // A written input that had to be copied gets its values back (E4).
+    for (size_t i = 0; i < slots_; ++i) {
+      if (!mutated_[i] || !copies[i].is_valid()) continue;
+      PyObject* done = PyObject_CallMethodOneArg(items[i], g_torch.copy_name, copies[i].ptr());
+      if (done == nullptr) throw nb::python_error();
+      Py_DECREF(done);
+    }
+    if (return_slot_ >= 0) return nb::borrow(items[return_slot_]);
+    return owned;
+  }
+
+  // The kernel's own exception reaches the caller unchanged, with a note naming the target.
+  void note_kernel_error() {
+    if (target_label_.empty()) return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (value != nullptr && PyObject_HasAttr(value, g_torch.add_note_name)) {
+      std::string note = "raised by the kernel that target " + engine::py_repr(target_label_) +
+                         " built for " + op_;
+      PyObject* text = PyUnicode_FromString(note.c_str());
+      PyObject* done = PyObject_CallMethodOneArg(value, g_torch.add_note_name, text);
+      Py_XDECREF(text);
+      if (done == nullptr) PyErr_Clear();
+      Py_XDECREF(done);
+    }
+    PyErr_Restore(type, value, traceback);
+  }
+
+  std::string op_;
+  size_t slots_;
+  std::vector<bool> mutated_;
+  nb::object on_miss_, on_trace_, on_first_result_;
+  KernelCache cache_;
+  int64_t return_slot_ = -1;
+  std::string target_label_;
+};
+
+}  // namespace
+
+void bind_dispatcher(nb::module_& m) {
+  m.def(
+      "init_torch_facts",
+      [](nb::handle tensor_type, nb::handle parameter_type, nb::handle exchange_capsule,
+         nb::handle describe, nb::handle function_mode_enabled, nb::handle dispatch_stack_length) {
+        g_torch.tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.inc_ref().ptr());
+        g_torch.parameter_type = reinterpret_cast<PyTypeObject*>(parameter_type.inc_ref().ptr());
+        g_torch.exchange = nullptr;
+        if (!exchange_capsule.is_none()) {
+          auto* api = static_cast<const dlpack::ExchangeApi*>(
+              PyCapsule_GetPointer(exchange_capsule.ptr(), "dlpack_exchange_api"));
+          if (api == nullptr) throw nb::python_error();
+          // Major version 1 is the layout declared in dlpack_view.h.
+          if (api->header.version.major == 1 && api->dltensor_from_py_object_no_sync != nullptr) {
+            g_torch.exchange = api;
+          }
+        }
+        g_torch.describe = describe.inc_ref().ptr();
+        g_torch.function_mode_enabled = function_mode_enabled.inc_ref().ptr();
+        g_torch.dispatch_stack_length = dispatch_stack_length.inc_ref().ptr();
+        g_torch.contiguous_name = PyUnicode_InternFromString("contiguous");
+        g_torch.copy_name = PyUnicode_InternFromString("copy_");
+        g_torch.add_note_name = PyUnicode_InternFromString("add_note");
+        return g_torch.exchange != nullptr;
+      },
+      "Hands the hot path what it reads from torch; returns whether DLPack exchange is used.");
+
+  nb::class_<Dispatcher>(m, "Dispatcher", "Per-op-instance call path and kernel memo.")
+      .def(nb::init<std::string, size_t, std::vector<bool>, nb::object, nb::object, nb::object>(),
+           nb::arg("op"), nb::arg("slots"), nb::arg("mutated"), nb::arg("on_miss"),
+           nb::arg("on_trace"), nb::arg("on_first_result"))
+      .def("__call__", &Dispatcher::call)
+      .def("call_eager", &Dispatcher::call_eager)
+      .def("fetch", &Dispatcher::fetch, nb::arg("role"), nb::arg("tensors"), nb::arg("build"))
+      .def("forget", &Dispatcher::forget)
+      .def("items", &Dispatcher::items)
+      .def("stats", &Dispatcher::stats)
+      .def("clear", &Dispatcher::clear)
+      .def("set_return_slot", &Dispatcher::set_return_slot)
+      .def("set_target_label", &Dispatcher::set_target_label);
+}
+
+}  // namespace tileops::bindings

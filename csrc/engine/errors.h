@@ -1,0 +1,50 @@
+// Every protocol error text is written here, once. The bindings map EngineError::Kind
+// to the Python exception classes of tileops.backend; the words stay the engine's.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tileops::engine {
+
+class EngineError : public std::runtime_error {
+ public:
+  enum class Kind { kBackend, kUnknownTarget, kAmbiguousTarget, kOpNotAvailable, kValue };
+  EngineError(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+// Python's repr of a str, for the plain names targets and ops use.
+std::string py_repr(const std::string& text);
+// Python's repr of a list of str: ['a', 'b'].
+std::string py_list(const std::vector<std::string>& items);
+
+namespace messages {
+
+// B9: appended to target-choice errors while some backend failed to load.
+std::string load_failure_note(size_t failures);
+
+std::string duplicate_detector(const std::string& target, const std::string& existing,
+                               const std::string& incoming);
+std::string duplicate_builder(const std::string& op, const std::string& target,
+                              const std::string& existing, const std::string& incoming);
+std::string unknown_target(const std::string& target, const std::vector<std::string>& known);
+std::string ambiguous_target(const std::string& device, const std::vector<std::string>& claimants);
+std::string detector_raised(const std::string& target, const std::string& detector,
+                            const std::string& device);
+std::string no_builder(const std::string& target, const std::string& op,
+                       const std::vector<std::string>& targets_that_do);
+std::string not_wired(const std::string& target, const std::string& op, const std::string& role);
+std::string no_in_tree_kernel(const std::string& op, const std::string& role,
+                              const std::vector<std::string>& targets_that_do);
+std::string not_callable(const std::string& target, const std::string& op, const std::string& role,
+                         const std::string& returned);
+std::string wrong_device(const std::string& op, const std::string& target, const std::string& device);
+std::string recursive_build(const std::string& op);
+
+}  // namespace messages
+}  // namespace tileops::engine

@@ -1,0 +1,2 @@
+"""Testing helpers for tileops and its backends: references, the numeric harness, and
+a pytest plugin (markers)."""
