@@ -1,0 +1,159 @@
+"""The compile boundary: one torch.library custom op per op class (namespace ``tileops``).
+
+Tracers — dynamo, torch.export, make_fx, fake tensors, tensor subclasses, dispatch
+modes — see the custom op, never a kernel. Its fake implementation is derived from the
+manifest's output rules, so shapes and dtypes are known without running anything; its
+real implementation runs the op's normal eager path. A backend does nothing for this.
+
+Schema: the op's inputs as tensors, then its manifest params, then its constructor-only
+arguments, then ``target`` ("" = device detection, "<builtin>" = in-tree, else a name).
+Ops with a written (``mutated``) input and ``inplace=True`` use a second op, ``<name>_``,
+that mutates that input and returns nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..backend.types import BUILTIN, _Builtin
+
+if TYPE_CHECKING:
+    from .op import Op
+
+_BUILTIN_TAG = "<builtin>"
+_instances: OrderedDict[tuple, Op] = OrderedDict()
+_INSTANCE_BOUND = 64
+
+
+def _schema_type(type_text: str) -> str:
+    """Schema type of a manifest param type string."""
+    parts = {p.strip() for p in type_text.split("|")}
+    optional = "None" in parts
+    parts.discard("None")
+    if any(p.startswith(("list[", "tuple[")) for p in parts):
+        base = "int[]"
+    elif parts == {"int", "float"}:
+        base = "Scalar"
+    elif len(parts) == 1:
+        base = {"int": "int", "float": "float", "bool": "bool", "str": "str"}[parts.pop()]
+    else:
+        raise ValueError(f"no schema type for manifest type {type_text!r}")
+    return base + ("?" if optional else "")
+
+
+def _op_name(cls: type) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+def _schema(cls: type, mutating: bool) -> str:
+    entry = cls._entry
+    args = []
+    for decl in entry.inputs:
+        tensor = "Tensor" + ("(a!)" if mutating and decl.mutated else "")
+        args.append(f"{tensor}{'?' if decl.optional else ''} {decl.name}")
+    args += [f"{_schema_type(p.type)} {p.name}" for p in entry.params]
+    args += [f"{kind} {name}" for name, kind in cls._extra_args.items()]
+    args.append("str target")
+    returns = "()" if mutating else (
+        "Tensor" if len(entry.outputs) == 1 else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")"
+    )
+    return f"({', '.join(args)}) -> {returns}"
+
+
+def define_custom_op(cls: type[Op]) -> None:
+    """Registers ``tileops::<op_name>`` (and ``<op_name>_`` where an input is written)."""
+    entry = cls._entry
+    name = _op_name(cls)
+    n_inputs = len(entry.inputs)
+    param_names = [p.name for p in entry.params]
+    extra_names = list(cls._extra_args)
+
+    def split(args: tuple) -> tuple[tuple, dict, dict, str]:
+        tensors = args[:n_inputs]
+        rest = args[n_inputs:]
+        params = dict(zip(param_names, rest[: len(param_names)]))
+        extras = dict(zip(extra_names, rest[len(param_names) : len(param_names) + len(extra_names)]))
+        return tensors, params, extras, rest[-1]
+
+    def real(*args: Any) -> Any:
+        tensors, params, extras, target = split(args)
+        return _instance(cls, params, extras, target)._dispatch.call_eager(*tensors)
+
+    def fake(*args: Any) -> Any:
+        tensors, params, extras, target = split(args)
+        op = _instance(cls, params, extras, target)
+        specs = [None if t is None else t for t in tensors]
+        device = next(t.device for t in tensors if t is not None)
+        metas = entry.output_meta(specs, entry.call_params(specs, op.params))
+        outs = tuple(torch.empty(shape, dtype=dtype, device=device) for dtype, shape in metas)
+        return outs[0] if len(outs) == 1 else outs
+
+    functional = torch.library.custom_op(
+        f"tileops::{name}", real, mutates_args=(), schema=_schema(cls, mutating=False)
+    )
+    functional.register_fake(fake)
+    cls._custom_op = functional
+
+    if any(decl.mutated for decl in entry.inputs):
+        def real_inplace(*args: Any) -> None:
+            real(*args)
+
+        def fake_inplace(*args: Any) -> None:
+            return None
+
+        mutated = tuple(d.name for d in entry.inputs if d.mutated)
+        inplace = torch.library.custom_op(
+            f"tileops::{name}_", real_inplace, mutates_args=mutated, schema=_schema(cls, mutating=True)
+        )
+        inplace.register_fake(fake_inplace)
+        cls._custom_op_inplace = inplace
+
+
+def _target_tag(op: Op) -> str:
+    target = op._settled if op._settled is not None else op._target_arg
+    if target is None:
+        return ""
+    return _BUILTIN_TAG if isinstance(target, _Builtin) else target
+
+
+def _instance(cls: type[Op], params: dict, extras: dict, target: str) -> Op:
+    """The eager op behind a custom op call: one per (class, params, target), bounded."""
+    key = (cls, tuple((k, _frozen(v)) for k, v in params.items()),
+           tuple((k, _frozen(v)) for k, v in extras.items()), target)
+    op = _instances.get(key)
+    if op is None:
+        chosen = None if target == "" else BUILTIN if target == _BUILTIN_TAG else target
+        op = cls(**params, **extras, target=chosen)
+        _instances[key] = op
+        if len(_instances) > _INSTANCE_BOUND:
+            _instances.popitem(last=False)
+    else:
+        _instances.move_to_end(key)
+    return op
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def call_custom_op(op: Op, args: tuple) -> Any:
+    """Calls ``op``'s custom op with the op's params: what every tracer records."""
+    cls = type(op)
+    params = [_schema_param(p, op.params[p.name]) for p in cls._entry.params]
+    extras = [op.extras[name] for name in cls._extra_args]
+    if op._returns_input():
+        cls._custom_op_inplace(*args, *params, *extras, _target_tag(op))
+        return args[op._return_slot()]
+    return cls._custom_op(*args, *params, *extras, _target_tag(op))
+
+
+def _schema_param(decl: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if _schema_type(decl.type).startswith("int[]"):
+        return [value] if isinstance(value, int) else list(value)
+    return value

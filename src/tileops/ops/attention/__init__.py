@@ -1,0 +1,1 @@
+"""Attention ops (manifest: attention.yaml)."""

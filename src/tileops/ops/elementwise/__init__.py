@@ -1,0 +1,1 @@
+"""Elementwise ops (manifests: elementwise_*.yaml)."""

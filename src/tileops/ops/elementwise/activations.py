@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from ..op import Op
+
+
+class _InPlaceCapable(Op):
+    """Activations with ``inplace=True`` write the caller's input and return that tensor."""
+
+    _abstract = True
+
+    def _returns_input(self) -> bool:
+        return bool(self.params["inplace"])
+
+    def _return_slot(self) -> int:
+        return 0
+
+    def _configure_return(self) -> None:
+        if self._returns_input():
+            self._dispatch.set_return_slot(self._return_slot())
+
+
+class SiluFwdOp(_InPlaceCapable):
+    """torch.nn.functional.silu. ``SiluFwdOp(*, inplace=False)``, then ``op(input)``."""
+
+
+class ReluFwdOp(_InPlaceCapable):
+    """torch.nn.functional.relu. ``ReluFwdOp(*, inplace=False)``, then ``op(input)``."""
+
+
+class GeluFwdOp(Op):
+    """torch.nn.functional.gelu. ``GeluFwdOp(*, approximate="none")`` ('none' or 'tanh')."""
+
+
+class SiluAndMulFwdOp(Op):
+    """silu(gate) · value, where x [M, 2N] = [gate | value]. ``SiluAndMulFwdOp()``."""

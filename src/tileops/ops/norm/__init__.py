@@ -1,0 +1,1 @@
+"""Normalization ops (manifest: normalization.yaml)."""

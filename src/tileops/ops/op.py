@@ -1,0 +1,430 @@
+"""The Op base: everything the op layer does for every target, once.
+
+An op class declares its manifest entry (by its class name) and one method, ``_fetch``,
+the op's single kernel fetch site: it calls ``get_or_build_kernel`` with the tensors it
+is about to hand the kernel. The base class generates ``forward`` from the manifest's
+input list, so a call is one thin Python frame and then the C++ dispatcher:
+
+* memo hit  -> C++ reads the key off the tensors, finds the kernel, launches it;
+* memo miss -> ``_on_miss`` (here): arity, types and devices, manifest validation,
+  settling the target, ``_fetch`` -> ``get_or_build_kernel`` -> builder; C++ launches;
+* tracers   -> ``_on_trace``: the op's torch.library custom op (see ``_library``).
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from .. import _C, manifest
+from ..kernels import in_tree_kernel
+from ..backend import dispatch
+from ..backend.errors import BackendError, OpNotAvailableError
+from ..backend.types import BUILTIN, Target, TensorSpec, _Builtin
+from . import _library, _runtime
+
+_compiling = torch.compiler.is_compiling
+
+
+def _weak(instance: Op, method: str) -> Callable[..., Any]:
+    """A callback for the C++ dispatcher that does not keep the op alive (no cycle)."""
+    ref = weakref.ref(instance)
+
+    def call(*args: Any) -> Any:
+        op = ref()
+        if op is None:
+            raise ReferenceError("the op instance was garbage-collected")
+        return getattr(op, method)(*args)
+
+    return call
+
+
+def _spec(tensor: torch.Tensor | None) -> TensorSpec | None:
+    if tensor is None:
+        return None
+    return TensorSpec(tensor.device, tensor.dtype, tuple(tensor.shape))
+
+
+def _make_forward(cls: type[Op], names: Sequence[str], optional: Sequence[bool]) -> None:
+    """forward(self, <inputs>) with the manifest's input names; optional ones default to None."""
+    params = ", ".join(f"{n}=None" if opt else n for n, opt in zip(names, optional))
+    args = ", ".join(names)
+    source = (
+        f"def forward(self, {params}):\n"
+        f"    if _compiling():\n"
+        f"        return self._traced({args})\n"
+        f"    return self._dispatch({args})\n"
+    )
+    scope: dict[str, Any] = {"_compiling": _compiling}
+    exec(compile(source, f"<tileops forward of {cls.__name__}>", "exec"), scope)  # noqa: S102
+    forward = scope["forward"]
+    forward.__qualname__ = f"{cls.__qualname__}.forward"
+    forward.__doc__ = f"Run {cls.__name__} on ({args}); see the manifest entry for the rules."
+    cls.forward = forward
+    cls.__call__ = forward
+
+
+def _make_init(cls: type[Op], params: Sequence[Any]) -> None:
+    """__init__(self, <manifest params>, *, target=None, kernel_map=None, tune=False)."""
+    positional, keyword = [], []
+    seen_default = False
+    for p in params:
+        # A required param after a defaulted one cannot be positional: make it keyword-only.
+        if p.kw_only or (p.required and seen_default):
+            keyword.append(p)
+        else:
+            positional.append(p)
+            seen_default = seen_default or not p.required
+    def text(p: Any) -> str:
+        return p.name if p.required else f"{p.name}=_defaults[{p.name!r}]"
+    signature = [text(p) for p in positional] + ["*"] + [text(p) for p in keyword]
+    signature += ["target=None", "kernel_map=None", "tune=False"]
+    collected = ", ".join(f"{p.name!r}: {p.name}" for p in params)
+    source = (
+        f"def __init__(self, {', '.join(signature)}):\n"
+        f"    self._setup({{{collected}}}, target=target, kernel_map=kernel_map, tune=tune)\n"
+    )
+    scope: dict[str, Any] = {"_defaults": {p.name: p.default for p in params if not p.required}}
+    exec(compile(source, f"<tileops __init__ of {cls.__name__}>", "exec"), scope)  # noqa: S102
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+
+
+class Op:
+    """Base of every tileops op.
+
+    A subclass is named after its manifest entry. Its constructor (the manifest params,
+    then keyword-only ``target``, ``kernel_map``, ``tune``) and its ``forward`` (the
+    manifest inputs) are generated from the manifest unless it writes them; it overrides
+    ``_fetch`` when it has several kernel roles to choose from.
+    """
+
+    _entry: ClassVar[manifest.OpEntry]
+    _roles: ClassVar[dict[str, int]]
+    #: Constructor arguments that are not manifest params but shape the op (GQA's dims).
+    _extra_args: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("_abstract", False):
+            return
+        entry = manifest.entry(cls.__name__)
+        cls._entry = entry
+        cls._roles = {role: index for index, role in enumerate(entry.kernel_map)}
+        _make_forward(cls, [i.name for i in entry.inputs], [i.optional for i in entry.inputs])
+        if "__init__" not in cls.__dict__:
+            _make_init(cls, entry.params)
+        _library.define_custom_op(cls)
+
+    # ---- construction ---------------------------------------------------------------
+
+    def _setup(
+        self,
+        params: Mapping[str, Any],
+        *,
+        target: Target | None,
+        kernel_map: Mapping[str, Callable[..., Any]] | None,
+        tune: bool,
+        extras: Mapping[str, Any] | None = None,
+    ) -> None:
+        entry = self._entry
+        self._requested = dispatch.request(target)  # discovery runs here, on the first op
+        self._target_arg = target
+        self.params: dict[str, Any] = entry.init_params(dict(params))
+        self.extras: dict[str, Any] = dict(extras or {})
+        self.kernel_map = self._check_kernel_map(kernel_map)
+        self.tune = bool(tune)
+        self._settled: Target | None = None
+        self._fetch_target = threading.local()
+        self._in_tree_by_key: dict[Any, Any] = {}
+        self._dispatch = _C.Dispatcher(
+            type(self).__name__,
+            len(entry.inputs),
+            [i.mutated for i in entry.inputs],
+            _weak(self, "_on_miss"),
+            _weak(self, "_on_trace"),
+            _weak(self, "_on_first_result"),
+        )
+        self._configure_return()
+
+    def _check_kernel_map(self, kernel_map: Mapping[str, Any] | None) -> dict[str, Any]:
+        chosen = dict(self._entry.kernel_map)
+        for role, kernel in (kernel_map or {}).items():
+            if role not in chosen:
+                raise ValueError(
+                    f"{type(self).__name__}: kernel_map role {role!r} is not one of "
+                    f"{sorted(chosen)}"
+                )
+            chosen[role] = kernel
+        return chosen
+
+    def _configure_return(self) -> None:
+        """In-place ops return the caller's own input tensor (a declared alias)."""
+
+    # ---- introspection --------------------------------------------------------------
+
+    @property
+    def settled_target(self) -> Target | None:
+        """The target serving this instance: None before its first call, BUILTIN for in-tree."""
+        return self._settled
+
+    def built_kernels(self, role: str) -> Mapping[tuple, Any]:
+        """Read-only view of what is memoized for ``role`` (for tests and introspection).
+
+        Keys are ``(torch.device, slot, slot, ...)`` with each slot ``(dtype, shape)`` or None.
+        """
+        index = self._role_index(role)
+        out: dict[tuple, Any] = {}
+        for words, item_role, kernel in self._dispatch.items():
+            if item_role == index:
+                out[_decode_key(words)] = kernel
+        return types.MappingProxyType(out)
+
+    def kernel_cache_stats(self) -> dict[str, int]:
+        """Hits, misses, builds, evictions and size of this instance's memo."""
+        return self._dispatch.stats()
+
+    def roofline(self, *inputs: torch.Tensor | None) -> tuple[int, int]:
+        """(flops, bytes) of a call on these inputs, from the manifest."""
+        specs = [_spec(t) for t in inputs]
+        return self._entry.roofline(specs, self._entry.call_params(specs, self.params))
+
+    def _role_index(self, role: str) -> int:
+        try:
+            return self._roles[role]
+        except KeyError:
+            raise ValueError(
+                f"{type(self).__name__} has no kernel role {role!r}; roles: {sorted(self._roles)}"
+            ) from None
+
+    # ---- the miss path ----------------------------------------------------------------
+
+    def _check_args(self, args: tuple[Any, ...]) -> tuple[torch.Tensor | None, ...]:
+        entry, name = self._entry, type(self).__name__
+        if len(args) != len(entry.inputs):
+            raise TypeError(
+                f"{name} takes {len(entry.inputs)} inputs "
+                f"({', '.join(i.name for i in entry.inputs)}), got {len(args)}"
+            )
+        device = None
+        for decl, value in zip(entry.inputs, args):
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"{name}: input {decl.name!r} must be a torch.Tensor"
+                    f"{' or None' if decl.optional else ''}, got {type(value).__name__}: "
+                    f"{_short_repr(value)}"
+                )
+            if device is None:
+                device, first = value.device, decl.name
+            elif value.device != device:
+                raise ValueError(
+                    f"{name}: all inputs must be on one device; {first!r} is on {device} but "
+                    f"{decl.name!r} is on {value.device} (pass CPU scalars as params, not tensors)"
+                )
+        return args
+
+    def _on_miss(self, *args: Any) -> Any:
+        tensors = self._check_args(args)
+        specs = [_spec(t) for t in tensors]
+        self._entry.check_inputs(specs, self.params)
+        device = next((t.device for t in tensors if t is not None), None)
+        if device is None:
+            # A call with no tensor decides nothing.
+            raise TypeError(f"{type(self).__name__} needs at least one input tensor")
+        target = self._target_for(device)
+        self._fetch_target.value = target
+        try:
+            self._check_extras(tensors, target)
+            kernel = self._fetch(*tensors)
+        finally:
+            self._fetch_target.value = None
+        if self._settled is None:
+            self._settled = target  # settled only by a first call that succeeded
+            self._dispatch.set_target_label("" if target is BUILTIN else target)
+        return kernel
+
+    def _target_for(self, device: torch.device) -> Target:
+        if self._settled is None:
+            return dispatch.settle(self._requested, device)
+        if not isinstance(self._settled, _Builtin) and not dispatch.claims(self._settled, device):
+            raise BackendError(
+                _C.messages.wrong_device(type(self).__name__, self._settled, str(device))
+            )
+        return self._settled
+
+    def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
+        """Ops with constructor-only arguments check them against the call here."""
+
+    def _fetch(self, *tensors: torch.Tensor | None) -> Any:
+        """The kernel fetch site of a one-role op; ops with several roles override it."""
+        (role,) = self._roles
+        return self.get_or_build_kernel(
+            role, tensors, key=self._in_tree_key(tensors), build=self._in_tree(role, tensors)
+        )
+
+    def _in_tree_key(self, tensors: Sequence[torch.Tensor | None]) -> tuple:
+        """What an in-tree kernel is compiled for: by default the whole input signature."""
+        return tuple(None if t is None else (t.dtype, tuple(t.shape)) for t in tensors)
+
+    def _in_tree(
+        self, role: str, tensors: Sequence[torch.Tensor | None], **compile_time: Any
+    ) -> Callable[[], Any]:
+        """``build`` for the in-tree kernel of ``role``: constructed from specs only."""
+        kernel = self.kernel_map[role]
+        if isinstance(kernel, str):
+            kernel = in_tree_kernel(kernel)
+        specs = {d.name: _spec(t) for d, t in zip(self._entry.inputs, tensors)}
+        params = dict(self.params)
+        return lambda: kernel(specs, **params, **compile_time)
+
+    def get_or_build_kernel(
+        self,
+        name: str,
+        tensors: Sequence[torch.Tensor | None] | None,
+        *,
+        key: Any = None,
+        build: Callable[[], Any] | None = None,
+    ) -> Any:
+        """The one place an op's forward obtains its kernel (D1).
+
+        ``tensors`` are the slots the kernel will be called with, in manifest order, None
+        for an absent optional input. ``key`` and ``build`` serve the in-tree kernels only.
+        """
+        role = self._role_index(name)
+        target = getattr(self._fetch_target, "value", None)
+        if target is None:
+            raise RuntimeError("get_or_build_kernel is called from an op's _fetch only")
+        op = type(self).__name__
+        slots = tuple(tensors) if tensors else ()
+        if isinstance(target, _Builtin):
+            if build is None:
+                raise OpNotAvailableError(
+                    _C.messages.no_in_tree_kernel(op, name, dispatch.targets_for(op))
+                )
+            return self._dispatch.fetch(role, slots, lambda: self._build_in_tree(key, build))
+        builder = dispatch.builder(op, target)
+        if builder is None:
+            raise OpNotAvailableError(_C.messages.no_builder(target, op, dispatch.targets_for(op)))
+        if not slots:
+            raise OpNotAvailableError(_C.messages.not_wired(target, op, name))
+        return self._dispatch.fetch(
+            role, slots, lambda: self._build_external(target, builder, name, slots)
+        )
+
+    def _build_in_tree(self, key: Any, build: Callable[[], Any]) -> Any:
+        if key is not None and key in self._in_tree_by_key:
+            return self._in_tree_by_key[key]
+        kernel = build()
+        if key is not None:
+            self._in_tree_by_key[key] = kernel
+        return kernel
+
+    def _build_external(
+        self, target: str, builder: Callable[..., Any], role: str, slots: tuple
+    ) -> Any:
+        specs = tuple(_spec(t) for t in slots)
+        params = self._entry.call_params(specs, self.params)
+        try:
+            kernel = builder(*specs, **params)
+        except Exception as error:
+            _note(error, f"raised by the kernel builder of target {target!r} for {type(self).__name__}")
+            raise
+        if not callable(kernel):
+            raise OpNotAvailableError(
+                _C.messages.not_callable(target, type(self).__name__, role, _short_repr(kernel))
+            )
+        return kernel
+
+    def _on_first_result(self, kernel: Any, result: Any, *args: Any) -> None:
+        """Checks a freshly built kernel's first result against the manifest (E6)."""
+        try:
+            self._check_result(result, args)
+        except BackendError:
+            self._dispatch.forget(*args)  # a wrong kernel is not kept
+            raise
+
+    def _check_result(self, result: Any, args: tuple[Any, ...]) -> None:
+        if self._returns_input():
+            return
+        entry, name = self._entry, type(self).__name__
+        specs = [_spec(t) for t in args]
+        expected = entry.output_meta(specs, entry.call_params(specs, self.params))
+        outputs = result if isinstance(result, tuple) else (result,)
+        who = "the in-tree kernel" if self._settled is BUILTIN else f"target {self._settled!r}"
+        if len(outputs) != len(expected) or not all(isinstance(o, torch.Tensor) for o in outputs):
+            raise BackendError(
+                f"{name}: {who} returned {_short_repr(result)}; the manifest declares "
+                f"{len(expected)} output tensor(s): {', '.join(o.name for o in entry.outputs)}"
+            )
+        for decl, out, (dtype, shape) in zip(entry.outputs, outputs, expected):
+            if out.dtype != dtype or tuple(out.shape) != tuple(shape):
+                raise BackendError(
+                    f"{name}: {who} returned output {decl.name!r} as {out.dtype} "
+                    f"{tuple(out.shape)}; the manifest declares {dtype} {tuple(shape)}"
+                )
+            for arg in args:
+                if isinstance(arg, torch.Tensor) and _aliases(out, arg):
+                    raise BackendError(
+                        f"{name}: {who} returned output {decl.name!r} sharing memory with an "
+                        "input; outputs must be fresh tensors"
+                    )
+
+    def _returns_input(self) -> bool:
+        return False
+
+    # ---- tracing ----------------------------------------------------------------------
+
+    def _traced(self, *args: Any) -> Any:
+        return _library.call_custom_op(self, args)
+
+    def _on_trace(self, *args: Any) -> Any:
+        return _library.call_custom_op(self, args)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in {**self.params, **self.extras}.items())
+        return f"{type(self).__name__}({shown})"
+
+
+Op._abstract = True  # type: ignore[attr-defined]
+
+
+def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, subclasses)
+        return False
+
+
+def _note(error: BaseException, text: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(text)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _decode_key(words: Sequence[int]) -> tuple:
+    device = _runtime.decode_device(words[0], words[1])
+    slots: list[Any] = []
+    at = 2
+    while at < len(words):
+        if words[at] == -1:
+            slots.append(None)
+            at += 1
+            continue
+        dtype, ndim = words[at], words[at + 1]
+        slots.append((_runtime.decode_dtype(dtype), tuple(words[at + 2 : at + 2 + ndim])))
+        at += 2 + ndim
+    return (device, *slots)

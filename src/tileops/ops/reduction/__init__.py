@@ -1,0 +1,1 @@
+"""Reduction ops (manifest: reduction.yaml)."""
