@@ -8,8 +8,10 @@
 // Tracers (tensor subclasses such as FakeTensor, active torch-function or dispatch
 // modes) are routed to `on_trace`, the op's torch.library custom op.
 #include <nanobind/stl/string.h>
+#include <structmember.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -51,13 +53,22 @@ Kind classify(PyObject* object) {
   return Kind::kOther;
 }
 
+// Calls a METH_NOARGS builtin through its C function pointer when it is one (a few ns),
+// through the normal protocol otherwise.
+PyObject* call_no_args(PyObject* function) {
+  if (PyCFunction_Check(function) && (PyCFunction_GET_FLAGS(function) & METH_NOARGS)) {
+    return PyCFunction_GET_FUNCTION(function)(PyCFunction_GET_SELF(function), nullptr);
+  }
+  return PyObject_CallNoArgs(function);
+}
+
 bool tracer_active() {
-  PyObject* on = PyObject_CallNoArgs(g_torch.function_mode_enabled);
+  PyObject* on = call_no_args(g_torch.function_mode_enabled);
   if (!on) throw nb::python_error();
   const bool function_mode = on == Py_True;
   Py_DECREF(on);
   if (function_mode) return true;
-  PyObject* depth = PyObject_CallNoArgs(g_torch.dispatch_stack_length);
+  PyObject* depth = call_no_args(g_torch.dispatch_stack_length);
   if (!depth) throw nb::python_error();
   const long length = PyLong_AsLong(depth);
   Py_DECREF(depth);
@@ -133,16 +144,42 @@ class Dispatcher {
     mutated_.resize(slots_, false);
   }
 
-  // op(*slots): the hot path.
-  nb::object call(nb::args args) { return dispatch(args, /*route_tracers=*/true); }
+  // op(*slots): the hot path (the vectorcall entry below calls this without a tuple).
+  nb::object call(nb::args args) { return dispatch(items_of(args), args.size(), true); }
   // Inside the custom op's eager implementation: tracers were already handled.
-  nb::object call_eager(nb::args args) { return dispatch(args, /*route_tracers=*/false); }
+  nb::object call_eager(nb::args args) { return dispatch(items_of(args), args.size(), false); }
+
+  nb::object dispatch(PyObject* const* items, size_t count, bool route_tracers) {
+    if (count != slots_) return miss(items, count);  // the miss path words the arity error
+
+    if (route_tracers) {
+      for (size_t i = 0; i < count; ++i) {
+        if (classify(items[i]) == Kind::kSubclass) return forward_to(on_trace_, items, count);
+      }
+      if (tracer_active()) return forward_to(on_trace_, items, count);
+    }
+
+    KeyBuffer key;
+    std::array<bool, kMaxSlots> contiguous;
+    if (!key_of(items, count, key, contiguous.data())) return miss(items, count);
+    if (const Handle* kernel = cache_.find(key.view())) {
+      return launch(static_cast<PyObject*>(kernel->get()), items, contiguous.data());
+    }
+    nb::object kernel = miss(items, count);
+    nb::object result = launch(kernel.ptr(), items, contiguous.data());
+    std::array<PyObject*, kMaxSlots + 2> check_args;
+    check_args[0] = kernel.ptr();
+    check_args[1] = result.ptr();
+    std::copy(items, items + count, check_args.begin() + 2);
+    forward_to(on_first_result_, check_args.data(), count + 2);
+    return result;
+  }
 
   // The miss path's memo access: the kernel for `tensors`' signature, built by `build`
   // at most once however many threads ask together.
   nb::object fetch(int64_t role, nb::tuple tensors, nb::object build) {
     KeyBuffer key;
-    if (!key_of(&PyTuple_GET_ITEM(tensors.ptr(), 0), tensors.size(), key)) {
+    if (tensors.size() == 0 || !key_of(&PyTuple_GET_ITEM(tensors.ptr(), 0), tensors.size(), key)) {
       throw nb::type_error("fetch: every slot must be a tensor or None");
     }
     OwnerGil gil;
@@ -154,7 +191,7 @@ class Dispatcher {
   // Drops the kernel for these slots (a kernel whose first result broke the manifest).
   void forget(nb::args args) {
     KeyBuffer key;
-    if (!key_of(&PyTuple_GET_ITEM(args.ptr(), 0), args.size(), key)) return;
+    if (args.size() == 0 || !key_of(items_of(args), args.size(), key)) return;
     cache_.erase(key.view());
   }
 
@@ -213,36 +250,35 @@ class Dispatcher {
     return has_device;
   }
 
-  nb::object dispatch(nb::args& args, bool route_tracers) {
-    const size_t count = args.size();
-    PyObject* const* items = &PyTuple_GET_ITEM(args.ptr(), 0);
-    if (count != slots_) return miss(args);  // the miss path words the arity error
+  static PyObject* const* items_of(nb::args& args) { return &PyTuple_GET_ITEM(args.ptr(), 0); }
 
-    if (route_tracers) {
-      for (size_t i = 0; i < count; ++i) {
-        if (classify(items[i]) == Kind::kSubclass) return on_trace_(*args);
-      }
-      if (tracer_active()) return on_trace_(*args);
-    }
-
-    KeyBuffer key;
-    std::array<bool, kMaxSlots> contiguous{};
-    if (!key_of(items, count, key, contiguous.data())) return miss(args);
-    if (const Handle* kernel = cache_.find(key.view())) {
-      return launch(static_cast<PyObject*>(kernel->get()), items, contiguous.data());
-    }
-    nb::object kernel = miss(args);
-    nb::object result = launch(kernel.ptr(), items, contiguous.data());
-    on_first_result_(kernel, result, *args);
-    return result;
+  static nb::object forward_to(const nb::object& callback, PyObject* const* items, size_t count) {
+    PyObject* result = PyObject_Vectorcall(callback.ptr(), items, count, nullptr);
+    if (result == nullptr) throw nb::python_error();
+    return nb::steal(result);
   }
 
   // Validates, settles the target and builds (Python); returns the kernel or raises.
-  nb::object miss(nb::args& args) { return on_miss_(*args); }
+  nb::object miss(PyObject* const* items, size_t count) { return forward_to(on_miss_, items, count); }
 
   nb::object launch(PyObject* kernel, PyObject* const* items, const bool* contiguous) {
-    std::array<PyObject*, kMaxSlots> argv{};
-    std::array<nb::object, kMaxSlots> copies{};
+    const bool all_contiguous =
+        std::all_of(contiguous, contiguous + slots_, [](bool c) { return c; });
+    if (all_contiguous) {
+      PyObject* result = PyObject_Vectorcall(kernel, items, slots_, nullptr);
+      if (result == nullptr) {
+        note_kernel_error();
+        throw nb::python_error();
+      }
+      if (return_slot_ >= 0) {
+        Py_DECREF(result);
+        return nb::borrow(items[return_slot_]);
+      }
+      return nb::steal(result);
+    }
+    // Some input is strided: hand the kernel contiguous copies (E4).
+    std::array<PyObject*, kMaxSlots> argv;
+    std::array<nb::object, kMaxSlots> copies;
     for (size_t i = 0; i < slots_; ++i) {
       argv[i] = items[i];
       if (contiguous[i] || items[i] == Py_None) continue;
@@ -256,7 +292,7 @@ class Dispatcher {
       throw nb::python_error();
     }
     nb::object owned = nb::steal(result);
-    // A written input that had to be copied gets its values back (E4).
+    // A written input that had to be copied gets its values back.
     for (size_t i = 0; i < slots_; ++i) {
       if (!mutated_[i] || !copies[i].is_valid()) continue;
       PyObject* done = PyObject_CallMethodOneArg(items[i], g_torch.copy_name, copies[i].ptr());
@@ -294,6 +330,67 @@ class Dispatcher {
   std::string target_label_;
 };
 
+
+// The object an op's forward calls: a tiny CPython type whose vectorcall goes straight
+// to Dispatcher::dispatch, with no argument tuple and no binding-layer conversion.
+struct CallEntry {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* owner;  // the Python Dispatcher object: keeps `impl` alive
+  Dispatcher* impl;
+};
+
+PyObject* call_entry_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                                PyObject* kwnames) {
+  auto* entry = reinterpret_cast<CallEntry*>(self);
+  if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) {
+    PyErr_SetString(PyExc_TypeError, "an op's dispatcher takes its inputs positionally");
+    return nullptr;
+  }
+  try {
+    return entry->impl->dispatch(args, PyVectorcall_NARGS(nargsf), true).release().ptr();
+  } catch (nb::python_error& error) {
+    error.restore();
+  } catch (const engine::EngineError& error) {
+    set_python_error(error);
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
+  return nullptr;
+}
+
+void call_entry_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  Py_XDECREF(reinterpret_cast<CallEntry*>(self)->owner);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyMemberDef call_entry_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(CallEntry, vectorcall), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot call_entry_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(call_entry_dealloc)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_members, call_entry_members},
+    {0, nullptr}};
+
+PyType_Spec call_entry_spec = {"tileops._C.DispatchEntry", sizeof(CallEntry), 0,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, call_entry_slots};
+
+PyTypeObject* g_call_entry_type = nullptr;
+
+nb::object make_call_entry(nb::handle dispatcher) {
+  auto* entry = PyObject_New(CallEntry, g_call_entry_type);
+  if (entry == nullptr) throw nb::python_error();
+  Py_INCREF(g_call_entry_type);  // heap-type instances own a reference to their type
+  entry->vectorcall = call_entry_vectorcall;
+  entry->owner = dispatcher.inc_ref().ptr();
+  entry->impl = nb::inst_ptr<Dispatcher>(dispatcher);
+  return nb::steal(reinterpret_cast<PyObject*>(entry));
+}
+
 }  // namespace
 
 void bind_dispatcher(nb::module_& m) {
@@ -323,12 +420,17 @@ void bind_dispatcher(nb::module_& m) {
       },
       "Hands the hot path what it reads from torch; returns whether DLPack exchange is used.");
 
+  g_call_entry_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&call_entry_spec));
+  if (g_call_entry_type == nullptr) throw nb::python_error();
+
   nb::class_<Dispatcher>(m, "Dispatcher", "Per-op-instance call path and kernel memo.")
       .def(nb::init<std::string, size_t, std::vector<bool>, nb::object, nb::object, nb::object>(),
            nb::arg("op"), nb::arg("slots"), nb::arg("mutated"), nb::arg("on_miss"),
            nb::arg("on_trace"), nb::arg("on_first_result"))
       .def("__call__", &Dispatcher::call)
       .def("call_eager", &Dispatcher::call_eager)
+      .def("entry", [](nb::handle self) { return make_call_entry(self); },
+           "A vectorcall callable running this dispatcher's hot path.")
       .def("fetch", &Dispatcher::fetch, nb::arg("role"), nb::arg("tensors"), nb::arg("build"))
       .def("forget", &Dispatcher::forget)
       .def("items", &Dispatcher::items)

@@ -61,6 +61,9 @@ NB_MODULE(_C, m) {
   namespace nb = nanobind;
   using namespace tileops;
   m.doc() = "tileops' C++ engine: registry, target selection, kernel memo and the call path.";
+  // The registry and op dispatchers live in module globals that Python may not tear down
+  // before nanobind's exit check; that is not a leak worth a warning at every exit.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& pointer, void*) {
     try {

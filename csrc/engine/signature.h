@@ -21,7 +21,7 @@ class KeyBuffer {
  public:
   void clear() {
     size_ = 0;
-    heap_.clear();
+    if (!heap_.empty()) heap_.clear();
   }
   void push(int64_t word) {
     if (size_ < inline_.size()) {
@@ -55,7 +55,7 @@ class KeyBuffer {
   }
 
  private:
-  std::array<int64_t, 64> inline_{};
+  std::array<int64_t, 64> inline_;  // left uninitialised: only [0, size_) is read
   std::vector<int64_t> heap_;
   size_t size_ = 0;
 };

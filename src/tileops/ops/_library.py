@@ -81,7 +81,7 @@ def define_custom_op(cls: type[Op]) -> None:
 
     def real(*args: Any) -> Any:
         tensors, params, extras, target = split(args)
-        return _instance(cls, params, extras, target)._dispatch.call_eager(*tensors)
+        return _instance(cls, params, extras, target)._dispatcher.call_eager(*tensors)
 
     def fake(*args: Any) -> Any:
         tensors, params, extras, target = split(args)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..op import Op
+from .op import Op
 
 
 class BmmFwdOp(Op):

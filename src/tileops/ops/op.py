@@ -28,7 +28,8 @@ from ..backend.errors import BackendError, OpNotAvailableError
 from ..backend.types import BUILTIN, Target, TensorSpec, _Builtin
 from . import _library, _runtime
 
-_compiling = torch.compiler.is_compiling
+# Dynamo treats this as True while tracing; in eager it is one cheap call.
+_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _weak(instance: Op, method: str) -> Callable[..., Any]:
@@ -143,7 +144,7 @@ class Op:
         self._settled: Target | None = None
         self._fetch_target = threading.local()
         self._in_tree_by_key: dict[Any, Any] = {}
-        self._dispatch = _C.Dispatcher(
+        self._dispatcher = _C.Dispatcher(
             type(self).__name__,
             len(entry.inputs),
             [i.mutated for i in entry.inputs],
@@ -151,6 +152,7 @@ class Op:
             _weak(self, "_on_trace"),
             _weak(self, "_on_first_result"),
         )
+        self._dispatch = self._dispatcher.entry()  # what forward calls: vectorcall, no tuple
         self._configure_return()
 
     def _check_kernel_map(self, kernel_map: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -181,14 +183,14 @@ class Op:
         """
         index = self._role_index(role)
         out: dict[tuple, Any] = {}
-        for words, item_role, kernel in self._dispatch.items():
+        for words, item_role, kernel in self._dispatcher.items():
             if item_role == index:
                 out[_decode_key(words)] = kernel
         return types.MappingProxyType(out)
 
     def kernel_cache_stats(self) -> dict[str, int]:
         """Hits, misses, builds, evictions and size of this instance's memo."""
-        return self._dispatch.stats()
+        return self._dispatcher.stats()
 
     def roofline(self, *inputs: torch.Tensor | None) -> tuple[int, int]:
         """(flops, bytes) of a call on these inputs, from the manifest."""
@@ -248,7 +250,7 @@ class Op:
             self._fetch_target.value = None
         if self._settled is None:
             self._settled = target  # settled only by a first call that succeeded
-            self._dispatch.set_target_label("" if target is BUILTIN else target)
+            self._dispatcher.set_target_label("" if target is BUILTIN else target)
         return kernel
 
     def _target_for(self, device: torch.device) -> Target:
@@ -309,13 +311,13 @@ class Op:
                 raise OpNotAvailableError(
                     _C.messages.no_in_tree_kernel(op, name, dispatch.targets_for(op))
                 )
-            return self._dispatch.fetch(role, slots, lambda: self._build_in_tree(key, build))
+            return self._dispatcher.fetch(role, slots, lambda: self._build_in_tree(key, build))
         builder = dispatch.builder(op, target)
         if builder is None:
             raise OpNotAvailableError(_C.messages.no_builder(target, op, dispatch.targets_for(op)))
         if not slots:
             raise OpNotAvailableError(_C.messages.not_wired(target, op, name))
-        return self._dispatch.fetch(
+        return self._dispatcher.fetch(
             role, slots, lambda: self._build_external(target, builder, name, slots)
         )
 
@@ -348,7 +350,7 @@ class Op:
         try:
             self._check_result(result, args)
         except BackendError:
-            self._dispatch.forget(*args)  # a wrong kernel is not kept
+            self._dispatcher.forget(*args)  # a wrong kernel is not kept
             raise
 
     def _check_result(self, result: Any, args: tuple[Any, ...]) -> None:

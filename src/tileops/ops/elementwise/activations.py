@@ -16,7 +16,7 @@ class _InPlaceCapable(Op):
 
     def _configure_return(self) -> None:
         if self._returns_input():
-            self._dispatch.set_return_slot(self._return_slot())
+            self._dispatcher.set_return_slot(self._return_slot())
 
 
 class SiluFwdOp(_InPlaceCapable):
