@@ -144,7 +144,8 @@ class Expr:
     reads: tuple[tuple[str, str | None], ...]
 
     def __call__(self, ns: dict[str, Any]) -> Any:
-        return eval(self.code, ns)  # noqa: S307 - compiled from the package's own manifests
+        # Compiled from the package's own manifests, checked for names at load.
+        return eval(self.code, ns)
 
     def describe(self, ns: Mapping[str, Any]) -> str:
         """``weight.shape=(32,), normalized_shape=(64,)`` for the names this expression reads."""
@@ -196,11 +197,15 @@ def compile_expr(source: object, filename: str, allowed: set[str], reported: set
             if isinstance(node.value, ast.Name) and node.value.id in reported:
                 attr_names.add(id(node.value))
                 reads.append((node.lineno, node.col_offset, node.value.id, node.attr))
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            if node.id not in allowed and node.id not in local:
-                raise ExprError(
-                    f"`{text}` reads unknown name {node.id!r}; it may read {sorted(allowed)}"
-                )
+        elif (
+            isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)
+            and node.id not in allowed
+            and node.id not in local
+        ):
+            raise ExprError(
+                f"`{text}` reads unknown name {node.id!r}; it may read {sorted(allowed)}"
+            )
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Name)

@@ -1,0 +1,333 @@
+"""Reference implementations of every manifest op, for numeric tests of any target.
+
+``reference(op)(*inputs, **call_params)`` takes the op's input tensors positionally (None
+for an absent optional input) and the params as ``OpEntry.call_params`` gives them, and
+returns what the op returns: one tensor, or a tuple in ``signature.outputs`` order.
+Low-precision floats are computed in float32 and cast back to the input's dtype, so the
+reference is at least as accurate as any kernel it judges. Where the manifest names a
+``ref_api`` the reference calls that function; otherwise the math is written out here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tileops import manifest
+
+Tensor = torch.Tensor
+RefResult = Tensor | tuple[Tensor, ...]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+# (rtol, atol). fp16/bf16 outputs are rounded once (bf16 has 8 mantissa bits, fp16 11);
+# kernels accumulate in float32 but in their own order, hence the slack over one ulp.
+_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-2, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing an op's output of ``dtype`` with its reference.
+    Integer and bool results must match exactly."""
+    if dtype in _TOLERANCES:
+        return _TOLERANCES[dtype]
+    if dtype.is_floating_point or dtype.is_complex:
+        raise ValueError(f"no tolerance defined for {dtype}")
+    return (0.0, 0.0)
+
+
+def _up(t: Tensor | None) -> Tensor | None:
+    """float32 copy of a low-precision float tensor; anything else as is."""
+    if t is not None and t.dtype in _LOW_PRECISION:
+        return t.float()
+    return t
+
+
+def _down(result: Tensor, like: Tensor) -> Tensor:
+    return result.to(like.dtype)
+
+
+def _api(path: str | None) -> Callable[..., Any]:
+    assert path is not None and path.startswith("torch.")
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj  # type: ignore[no-any-return]
+
+
+# --- RoPE tables ----------------------------------------------------------------------
+
+
+def rope_cos_sin(
+    positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and sin, each [len(positions), rotary_dim // 2], cast to ``dtype``.
+
+    inv_freq[k] = 1 / base ** (k / half) and angle = position * inv_freq, both in float32
+    (the usual recipe, and the one the ops document), so fp32 results can be compared
+    tightly with a kernel that builds its tables the same way.
+    """
+    half = rotary_dim // 2
+    exponent = torch.arange(half, dtype=torch.float32, device=positions.device) / half
+    inv_freq = 1.0 / (base**exponent)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """NeoX half-split rotation of the last dim of ``x`` (float32); cos/sin broadcast to
+    ``x[..., :half]``."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+# --- references -----------------------------------------------------------------------
+
+
+def _rms_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(x: Tensor, weight: Tensor, *, normalized_shape: tuple[int, ...], eps: float) -> Tensor:
+        return _down(fn(_up(x), list(normalized_shape), _up(weight), eps), x)
+
+    return ref
+
+
+def _fused_add_rms_norm(_: None) -> Callable[..., RefResult]:
+    def ref(x: Tensor, residual: Tensor, weight: Tensor, *, eps: float) -> tuple[Tensor, Tensor]:
+        # r stays float32 for the normalisation; residual_out is r rounded once.
+        r = _up(x) + _up(residual)  # type: ignore[operator]
+        out = r * torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + eps) * _up(weight)
+        return _down(out, x), _down(r, x)
+
+    return ref
+
+
+def _layer_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(
+        x: Tensor, weight: Tensor, bias: Tensor, *, normalized_shape: tuple[int, ...], eps: float
+    ) -> Tensor:
+        return _down(fn(_up(x), list(normalized_shape), _up(weight), _up(bias), eps), x)
+
+    return ref
+
+
+def _group_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(
+        x: Tensor, weight: Tensor | None, bias: Tensor | None, *, num_groups: int, eps: float
+    ) -> Tensor:
+        return _down(fn(_up(x), num_groups, _up(weight), _up(bias), eps), x)
+
+    return ref
+
+
+def _softmax_like(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(x: Tensor, *, dim: int) -> Tensor:
+        return _down(fn(_up(x), dim=dim), x)
+
+    return ref
+
+
+def _reduce(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(x: Tensor, *, dim: tuple[int, ...], keepdim: bool) -> Tensor:
+        return _down(fn(_up(x), dim=dim, keepdim=keepdim), x)
+
+    return ref
+
+
+def _gemm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(a: Tensor, b: Tensor, *, trans_a: bool, trans_b: bool) -> Tensor:
+        lhs, rhs = _up(a), _up(b)
+        assert lhs is not None and rhs is not None
+        return _down(fn(lhs.T if trans_a else lhs, rhs.T if trans_b else rhs), a)
+
+    return ref
+
+
+def _bmm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(a: Tensor, b: Tensor) -> Tensor:
+        return _down(fn(_up(a), _up(b)), a)
+
+    return ref
+
+
+def _add(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(input: Tensor, other: Tensor, *, alpha: float) -> Tensor:  # an int stays an int
+        return _down(fn(_up(input), _up(other), alpha=alpha), input)
+
+    return ref
+
+
+def _mul(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(input: Tensor, other: Tensor) -> Tensor:
+        return _down(fn(_up(input), _up(other)), input)
+
+    return ref
+
+
+def _inplace_activation(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(input: Tensor, *, inplace: bool) -> Tensor:
+        out = _down(fn(_up(input)), input)
+        if inplace:  # the op writes its input and returns it
+            input.copy_(out)
+            return input
+        return out
+
+    return ref
+
+
+def _gelu(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(input: Tensor, *, approximate: str) -> Tensor:
+        return _down(fn(_up(input), approximate=approximate), input)
+
+    return ref
+
+
+def _clamp(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(input: Tensor, min: Tensor | None, max: Tensor | None) -> Tensor:
+        # Clamping only selects values, so it is exact in any dtype.
+        return fn(input, min=min, max=max)
+
+    return ref
+
+
+def _silu_and_mul(_: None) -> Callable[..., RefResult]:
+    def ref(x: Tensor) -> Tensor:
+        gate, value = _up(x).chunk(2, dim=-1)  # type: ignore[union-attr]
+        return _down(F.silu(gate) * value, x)
+
+    return ref
+
+
+def _rope_neox(_: None) -> Callable[..., RefResult]:
+    def ref(x: Tensor, *, layout: str, base: float) -> Tensor:
+        seq_len = x.shape[1] if layout == "2d" else x.shape[0]
+        positions = torch.arange(seq_len, device=x.device)
+        cos, sin = rope_cos_sin(positions, x.shape[-1], base, x.dtype)
+        if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
+            cos, sin = cos[:, None, :], sin[:, None, :]
+        return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
+
+    return ref
+
+
+def _rope_neox_position_ids(_: None) -> Callable[..., RefResult]:
+    def ref(
+        x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int
+    ) -> Tensor:
+        if position_ids.numel() and (
+            int(position_ids.min()) < 0 or int(position_ids.max()) >= max_position
+        ):
+            raise ValueError(
+                f"position_ids must lie in [0, {max_position}), got "
+                f"[{int(position_ids.min())}, {int(position_ids.max())}]"
+            )
+        # Rows of the [max_position, rotary_dim/2] table, computed only where needed.
+        cos, sin = rope_cos_sin(position_ids, rotary_dim, base, x.dtype)
+        xf = _up(x)
+        assert xf is not None
+        rotated = _rotate_neox(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
+        return _down(torch.cat((rotated, xf[..., rotary_dim:]), dim=-1), x)
+
+    return ref
+
+
+def _attention_scores(q: Tensor, k: Tensor, scale: float, softcap: float) -> Tensor:
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    return scores
+
+
+def _gqa_fwd(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        is_causal: bool,
+        sm_scale: float | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
+        # sm_scale / softcap are constructor arguments of the op, not manifest params.
+        scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        qf, kf, vf = (_up(t).transpose(1, 2) for t in (q, k, v))  # type: ignore[union-attr]  # BSHD -> BHSD
+        if not softcap:
+            out = fn(qf, kf, vf, is_causal=is_causal, scale=scale, enable_gqa=True)
+        else:  # SDPA has no softcap: the same math, written out
+            group = qf.shape[1] // kf.shape[1]
+            kf, vf = kf.repeat_interleave(group, dim=1), vf.repeat_interleave(group, dim=1)
+            scores = _attention_scores(qf, kf, scale, softcap)
+            if is_causal:
+                s = scores.shape[-1]
+                mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+                scores = scores.masked_fill(~mask, float("-inf"))
+            out = scores.softmax(dim=-1) @ vf
+        return _down(out.transpose(1, 2), q)
+
+    return ref
+
+
+def _gqa_decode(_: None) -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        sm_scale: float | None = None,
+        softcap: float | None = None,
+    ) -> Tensor:
+        batch, heads, dim = q.shape
+        heads_kv = k.shape[2]
+        scale = dim**-0.5 if sm_scale is None else sm_scale
+        # Query head h reads kv head h // (heads / heads_kv), as repeat_interleave does.
+        qf = _up(q).view(batch, heads_kv, heads // heads_kv, dim)  # type: ignore[union-attr]
+        kf = _up(k).permute(0, 2, 3, 1)  # type: ignore[union-attr]  # [B, H_kv, D, N]
+        vf = _up(v).permute(0, 2, 1, 3)  # type: ignore[union-attr]  # [B, H_kv, N, D]
+        scores = qf @ kf * scale  # [B, H_kv, group, N]
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out = scores.softmax(dim=-1) @ vf  # [B, H_kv, group, D]
+        return _down(out.reshape(batch, heads, dim), q)
+
+    return ref
+
+
+_FACTORIES: dict[str, Callable[[Any], Callable[..., RefResult]]] = {
+    "RMSNormFwdOp": _rms_norm,
+    "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
+    "LayerNormFwdOp": _layer_norm,
+    "GroupNormFwdOp": _group_norm,
+    "SoftmaxFwdOp": _softmax_like,
+    "LogSoftmaxFwdOp": _softmax_like,
+    "SumFwdOp": _reduce,
+    "MeanFwdOp": _reduce,
+    "AmaxFwdOp": _reduce,
+    "GemmFwdOp": _gemm,
+    "BmmFwdOp": _bmm,
+    "AddFwdOp": _add,
+    "MulFwdOp": _mul,
+    "SiluFwdOp": _inplace_activation,
+    "GeluFwdOp": _gelu,
+    "ReluFwdOp": _inplace_activation,
+    "ClampFwdOp": _clamp,
+    "SiluAndMulFwdOp": _silu_and_mul,
+    "RopeNeoxFwdOp": _rope_neox,
+    "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
+    "GroupedQueryAttentionFwdOp": _gqa_fwd,
+    "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
+}
+
+
+def reference(op_name: str) -> Callable[..., RefResult]:
+    """The reference for ``op_name``; its ``ref_api`` comes from the op's manifest entry."""
+    factory = _FACTORIES.get(op_name)
+    if factory is None:
+        raise LookupError(f"no reference for {op_name!r}; known: {sorted(_FACTORIES)}")
+    ref_api = manifest.entry(op_name).ref_api
+    return factory(None if ref_api is None else _api(ref_api))
