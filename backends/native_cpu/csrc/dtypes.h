@@ -21,6 +21,10 @@ struct bf16_t {
   uint16_t bits;
 };
 
+// Internal linkage on purpose: every ISA translation unit gets its own copy, so the linker
+// can never hand the baseline build a copy compiled with AVX-512 flags.
+namespace {
+
 inline uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -77,4 +81,5 @@ inline half_t from_float<half_t>(float f) {
   return half_t{static_cast<uint16_t>(sign | (x >> 13))};
 }
 
+}  // namespace
 }  // namespace tnc

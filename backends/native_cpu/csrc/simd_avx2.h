@@ -1,10 +1,8 @@
 // 8 float lanes, AVX2 + FMA + F16C.
 #pragma once
-#include <immintrin.h>
+// Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-#include <cstring>
 
-#include "dtypes.h"
 
 struct Simd {
   using F = __m256;

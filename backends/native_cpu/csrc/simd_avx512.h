@@ -1,8 +1,7 @@
 // 16 float lanes, AVX-512 F/BW/VL (+BF16 for the float→bfloat16 store).
 #pragma once
-#include <immintrin.h>
+// Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-#include "dtypes.h"
 
 struct Simd {
   using F = __m512;

@@ -1,9 +1,7 @@
 // One lane: the portable baseline (any x86-64 or arm64); the compiler may still vectorise.
 #pragma once
-#include <algorithm>
-#include <cmath>
+// Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-#include "dtypes.h"
 
 struct Simd {
   using F = float;

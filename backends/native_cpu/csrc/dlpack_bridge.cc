@@ -1,0 +1,177 @@
+#include "dlpack_bridge.h"
+
+namespace tnc {
+namespace {
+
+const dl::ExchangeApi* g_api = nullptr;      // null: no exchange API in this torch
+bool g_force_fallback = false;
+PyObject* g_torch_empty = nullptr;           // torch.empty, for the fallback allocator
+PyObject* g_torch_dtypes[kNumDTypes] = {};  // torch dtype objects, indexed by DType
+PyObject* g_str_dlpack = nullptr;
+PyObject* g_str_dtype = nullptr;
+
+bool dtype_from_dl(dl::DataType t, DType& out) {
+  if (t.lanes != 1) return false;
+  switch (t.code) {
+    case 2:
+      if (t.bits == 32) return out = DType::f32, true;
+      if (t.bits == 16) return out = DType::f16, true;
+      return false;
+    case 4: return t.bits == 16 ? (out = DType::bf16, true) : false;
+    case 6: return t.bits == 8 ? (out = DType::b8, true) : false;
+    case 1: return t.bits == 8 ? (out = DType::u8, true) : false;
+    case 0:
+      if (t.bits == 8) return out = DType::i8, true;
+      if (t.bits == 16) return out = DType::i16, true;
+      if (t.bits == 32) return out = DType::i32, true;
+      if (t.bits == 64) return out = DType::i64, true;
+      return false;
+    default: return false;
+  }
+}
+
+dl::DataType dl_from_dtype(DType d) {
+  switch (d) {
+    case DType::f32: return {2, 32, 1};
+    case DType::f16: return {2, 16, 1};
+    case DType::bf16: return {4, 16, 1};
+    case DType::b8: return {6, 8, 1};
+    case DType::u8: return {1, 8, 1};
+    case DType::i8: return {0, 8, 1};
+    case DType::i16: return {0, 16, 1};
+    case DType::i32: return {0, 32, 1};
+    case DType::i64: return {0, 64, 1};
+  }
+  return {2, 32, 1};
+}
+
+bool fill_view(const dl::Tensor& t, TensorView& out, const char* what) {
+  if (t.device.device_type != 1) {
+    PyErr_Format(PyExc_ValueError, "native_cpu kernels need CPU tensors; got %s on DLPack device type %d", what,
+                 static_cast<int>(t.device.device_type));
+    return false;
+  }
+  if (!dtype_from_dl(t.dtype, out.dtype)) {
+    PyErr_Format(PyExc_TypeError, "native_cpu: %s has a dtype this backend has no kernel for (DLPack code %d, %d bits)",
+                 what, static_cast<int>(t.dtype.code), static_cast<int>(t.dtype.bits));
+    return false;
+  }
+  if (t.ndim > kMaxDims) {
+    PyErr_Format(PyExc_ValueError, "native_cpu: %s has %d dims; at most %d are supported", what, static_cast<int>(t.ndim),
+                 kMaxDims);
+    return false;
+  }
+  out.ndim = t.ndim;
+  out.numel = 1;
+  int64_t expected = 1;
+  bool contiguous = true;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    out.shape[d] = t.shape[d];
+    out.numel *= t.shape[d];
+    if (t.strides != nullptr && t.shape[d] != 1 && t.strides[d] != expected) contiguous = false;
+    expected *= t.shape[d];
+  }
+  if (!contiguous && out.numel > 0) {
+    PyErr_Format(PyExc_ValueError, "native_cpu kernels take contiguous tensors; %s is strided (call .contiguous())", what);
+    return false;
+  }
+  out.data = static_cast<char*>(t.data) + t.byte_offset;
+  return true;
+}
+
+bool read_with_dlpack_method(PyObject* obj, TensorView& out, const char* what) {
+  PyObject* capsule = PyObject_CallMethodNoArgs(obj, g_str_dlpack);
+  if (capsule == nullptr) return false;
+  auto* managed = static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed == nullptr) {
+    Py_DECREF(capsule);
+    return false;
+  }
+  const bool ok = fill_view(managed->dl_tensor, out, what);
+  // We consumed the capsule: release the export now. The tensor itself is still held by
+  // the caller's arguments, so the data stays valid for the whole kernel call.
+  PyCapsule_SetName(capsule, "used_dltensor");
+  if (managed->deleter != nullptr) managed->deleter(managed);
+  Py_DECREF(capsule);
+  return ok;
+}
+
+void set_error(void*, const char* kind, const char* message) { PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message); }
+
+}  // namespace
+
+const char* dtype_name(DType d) {
+  static const char* names[] = {"float32", "float16", "bfloat16", "bool", "uint8", "int8", "int16", "int32", "int64"};
+  return names[static_cast<int>(d)];
+}
+
+void bridge_init(PyObject* capsule, PyObject* torch_empty, PyObject* torch_dtypes) {
+  g_api = nullptr;
+  if (capsule != nullptr && capsule != Py_None && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+    auto* api = static_cast<const dl::ExchangeApi*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
+    // the members we use exist from DLPack 1.2 on
+    if (api != nullptr && api->header.version.major == 1 && api->header.version.minor >= 2) g_api = api;
+  }
+  Py_XINCREF(torch_empty);
+  g_torch_empty = torch_empty;
+  for (int i = 0; i < kNumDTypes && i < PySequence_Size(torch_dtypes); ++i) g_torch_dtypes[i] = PySequence_GetItem(torch_dtypes, i);
+  if (g_str_dlpack == nullptr) g_str_dlpack = PyUnicode_InternFromString("__dlpack__");
+  if (g_str_dtype == nullptr) g_str_dtype = PyUnicode_InternFromString("dtype");
+}
+
+void bridge_force_fallback(bool on) { g_force_fallback = on; }
+bool bridge_uses_exchange_api() { return g_api != nullptr && !g_force_fallback; }
+
+bool read_tensor(PyObject* obj, TensorView& out, const char* what) {
+  if (g_api != nullptr && !g_force_fallback) {
+    dl::Tensor t;
+    if (g_api->dltensor_from_py_object_no_sync(obj, &t) != 0) {
+      if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "native_cpu: %s is not a torch.Tensor", what);
+      return false;
+    }
+    return fill_view(t, out, what);
+  }
+  return read_with_dlpack_method(obj, out, what);
+}
+
+PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
+  if (g_api != nullptr && !g_force_fallback) {
+    dl::Tensor proto{};
+    proto.device = {1, 0};
+    proto.ndim = ndim;
+    proto.dtype = dl_from_dtype(dtype);
+    proto.shape = const_cast<int64_t*>(shape);
+    dl::ManagedTensorVersioned* managed = nullptr;
+    if (g_api->managed_tensor_allocator(&proto, &managed, nullptr, set_error) != 0 || managed == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_MemoryError, "native_cpu: torch could not allocate an output");
+      return nullptr;
+    }
+    *data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
+    void* result = nullptr;
+    if (g_api->managed_tensor_to_py_object_no_sync(managed, &result) != 0) return nullptr;
+    return static_cast<PyObject*>(result);
+  }
+  if (g_torch_empty == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "native_cpu: the torch bridge was not initialised (tileops_native_cpu.builders does it)");
+    return nullptr;
+  }
+  PyObject* dims = PyTuple_New(ndim);
+  for (int i = 0; i < ndim; ++i) PyTuple_SET_ITEM(dims, i, PyLong_FromLongLong(shape[i]));
+  PyObject* args = PyTuple_Pack(1, dims);
+  PyObject* kwargs = PyDict_New();
+  PyDict_SetItem(kwargs, g_str_dtype, g_torch_dtypes[static_cast<int>(dtype)]);
+  PyObject* result = PyObject_Call(g_torch_empty, args, kwargs);
+  Py_DECREF(kwargs);
+  Py_DECREF(args);
+  Py_DECREF(dims);
+  if (result == nullptr) return nullptr;
+  TensorView v;
+  if (!read_with_dlpack_method(result, v, "output")) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  *data = v.data;
+  return result;
+}
+
+}  // namespace tnc

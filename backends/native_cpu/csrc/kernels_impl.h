@@ -1,0 +1,1022 @@
+// Every kernel, written once over `Simd` (the lane type of one ISA) and the storage type
+// T (float, half_t, bf16_t). Included inside a per-ISA namespace by isa_*.cc, after the
+// system headers and the matching simd_*.h. All arithmetic is in float32.
+#pragma once
+// (no includes here on purpose: see the note above)
+
+using S = Simd;
+using F = S::F;
+constexpr int W = S::W;
+using tnc::bf16_t;
+using tnc::half_t;
+
+// ---------------------------------------------------------------------------------------
+// small helpers
+
+template <class T>
+inline F loadc(const T* p, int64_t count, float fill = 0.f) {
+  return count >= W ? S::load(p) : S::load_n(p, static_cast<int>(count), fill);
+}
+template <class T>
+inline void storec(T* p, F v, int64_t count) {
+  if (count >= W) {
+    S::store(p, v);
+  } else {
+    S::store_n(p, v, static_cast<int>(count));
+  }
+}
+
+// Rows per task so that one task touches at least ~16K elements.
+inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+template <class T>
+inline float sum_squares(const T* x, int64_t n) {
+  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    const F v0 = S::load(x + i), v1 = S::load(x + i + W), v2 = S::load(x + i + 2 * W), v3 = S::load(x + i + 3 * W);
+    a0 = S::fma(v0, v0, a0);
+    a1 = S::fma(v1, v1, a1);
+    a2 = S::fma(v2, v2, a2);
+    a3 = S::fma(v3, v3, a3);
+  }
+  for (; i < n; i += W) {
+    const F v = loadc(x + i, n - i);
+    a0 = S::fma(v, v, a0);
+  }
+  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+}
+
+template <class T>
+inline float sum_run(const T* x, int64_t n) {
+  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = S::add(a0, S::load(x + i));
+    a1 = S::add(a1, S::load(x + i + W));
+    a2 = S::add(a2, S::load(x + i + 2 * W));
+    a3 = S::add(a3, S::load(x + i + 3 * W));
+  }
+  for (; i < n; i += W) a0 = S::add(a0, loadc(x + i, n - i));
+  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+}
+
+template <class T>
+inline float max_run(const T* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  F a0 = S::set1(lowest), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = S::max(a0, S::load(x + i));
+    a1 = S::max(a1, S::load(x + i + W));
+    a2 = S::max(a2, S::load(x + i + 2 * W));
+    a3 = S::max(a3, S::load(x + i + 3 * W));
+  }
+  for (; i < n; i += W) a0 = S::max(a0, loadc(x + i, n - i, lowest));
+  return S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+}
+
+// A thread's scratch floats; grows, never shrinks, never shared.
+inline float* scratch(size_t count, int slot = 0) {
+  thread_local std::vector<float> buffers[4];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < count) b.resize(count + 64);
+  return b.data();
+}
+
+// ---------------------------------------------------------------------------------------
+// math: exp with a degree-7 polynomial after Cody-Waite reduction (about 1 ulp in range)
+
+inline F vexp(F x) {
+  const F xc = S::min(S::max(x, S::set1(-87.3f)), S::set1(88.3f));
+  const F n = S::round(S::mul(xc, S::set1(1.44269504088896341f)));
+  F r = S::fnma(n, S::set1(0.693145751953125f), xc);
+  r = S::fnma(n, S::set1(1.42860682030941723212e-6f), r);
+  F p = S::set1(1.f / 5040.f);
+  p = S::fma(p, r, S::set1(1.f / 720.f));
+  p = S::fma(p, r, S::set1(1.f / 120.f));
+  p = S::fma(p, r, S::set1(1.f / 24.f));
+  p = S::fma(p, r, S::set1(1.f / 6.f));
+  p = S::fma(p, r, S::set1(0.5f));
+  p = S::fma(p, r, S::set1(1.f));
+  p = S::fma(p, r, S::set1(1.f));
+  return S::keep_at_least(x, -87.3f, S::mul(p, S::pow2n(n)));
+}
+
+inline F vsilu(F x) { return S::div(x, S::add(S::set1(1.f), vexp(S::sub(S::zero(), x)))); }
+
+// erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7)
+inline F verf(F z) {
+  const F a = S::abs(z);
+  const F t = S::div(S::set1(1.f), S::fma(S::set1(0.3275911f), a, S::set1(1.f)));
+  F p = S::set1(1.061405429f);
+  p = S::fma(p, t, S::set1(-1.453152027f));
+  p = S::fma(p, t, S::set1(1.421413741f));
+  p = S::fma(p, t, S::set1(-0.284496736f));
+  p = S::fma(p, t, S::set1(0.254829592f));
+  p = S::mul(p, t);
+  const F e = vexp(S::sub(S::zero(), S::mul(a, a)));
+  return S::copysign(S::fnma(p, e, S::set1(1.f)), z);
+}
+
+inline F vgelu(F x) {
+  const F half_x = S::mul(x, S::set1(0.5f));
+  return S::fma(half_x, verf(S::mul(x, S::set1(0.70710678118654752f))), half_x);
+}
+
+inline F vgelu_tanh(F x) {
+  const F inner = S::mul(S::set1(0.79788456080286536f), S::fma(S::mul(S::set1(0.044715f), x), S::mul(x, x), x));
+  // tanh(y) = 1 - 2 / (exp(2y) + 1)
+  const F th = S::sub(S::set1(1.f), S::div(S::set1(2.f), S::add(vexp(S::add(inner, inner)), S::set1(1.f))));
+  const F half_x = S::mul(x, S::set1(0.5f));
+  return S::fma(half_x, th, half_x);
+}
+
+// ---------------------------------------------------------------------------------------
+// normalisation
+
+template <class T>
+void rms_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
+      int64_t i = 0;
+      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(x + i), scale), S::load(w + i)));
+      if (i < n) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    }
+  });
+}
+
+template <class T>
+void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      const T* res = static_cast<const T*>(a.residual) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      T* rout = static_cast<T*>(a.residual_out) + r * n;
+      // the sum is rounded to T first: the norm is of the residual stream as stored
+      for (int64_t i = 0; i < n; i += W) storec(rout + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
+      const F scale = S::set1(1.f / std::sqrt(sum_squares(rout, n) / static_cast<float>(n) + a.eps));
+      int64_t i = 0;
+      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(rout + i), scale), S::load(w + i)));
+      if (i < n) storec(y + i, S::mul(S::mul(loadc(rout + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    }
+  });
+}
+
+template <class T>
+inline float centred_sum_squares(const T* x, int64_t n, float mean) {
+  const F m = S::set1(mean);
+  F a0 = S::zero(), a1 = S::zero();
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const F d0 = S::sub(S::load(x + i), m), d1 = S::sub(S::load(x + i + W), m);
+    a0 = S::fma(d0, d0, a0);
+    a1 = S::fma(d1, d1, a1);
+  }
+  for (; i < n; i += W) {
+    const F d = S::sub(loadc(x + i, n - i, mean), m);  // padding lanes hold the mean: d = 0
+    a0 = S::fma(d, d, a0);
+  }
+  return S::reduce_add(S::add(a0, a1));
+}
+
+template <class T>
+void layer_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    const T* b = static_cast<const T*>(a.bias);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      const float mean = sum_run(x, n) / static_cast<float>(n);
+      const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
+      const F rstd = S::set1(1.f / std::sqrt(var + a.eps));
+      const F m = S::set1(mean);
+      int64_t i = 0;
+      for (; i + W <= n; i += W)
+        S::store(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
+      if (i < n) {
+        const int64_t c = n - i;
+        storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
+      }
+    }
+  });
+}
+
+template <class T>
+void group_norm(const tnc::GroupNormArgs& a, int threads) {
+  const int64_t per_group = a.channels / a.groups;
+  const int64_t block = per_group * a.spatial;
+  const int64_t s = a.spatial;
+  tnc::parallel_for(a.batch * a.groups, row_grain(block), threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const T* x = static_cast<const T*>(a.x) + item * block;
+      T* y = static_cast<T*>(a.out) + item * block;
+      const float mean = sum_run(x, block) / static_cast<float>(block);
+      const float var = centred_sum_squares(x, block, mean) / static_cast<float>(block);
+      const float rstd = 1.f / std::sqrt(var + a.eps);
+      const int64_t c0 = (item % a.groups) * per_group;
+      for (int64_t c = 0; c < per_group; ++c) {
+        float scale = rstd, shift = -mean * rstd;
+        if (a.weight != nullptr) {
+          const float wc = tnc::to_float(static_cast<const T*>(a.weight)[c0 + c]);
+          const float bc = tnc::to_float(static_cast<const T*>(a.bias)[c0 + c]);
+          scale = rstd * wc;
+          shift = bc - mean * scale;
+        }
+        const F vs = S::set1(scale), vb = S::set1(shift);
+        const T* xc = x + c * s;
+        T* yc = y + c * s;
+        for (int64_t i = 0; i < s; i += W) storec(yc + i, S::fma(loadc(xc + i, s - i), vs, vb), s - i);
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// softmax and log-softmax
+
+template <class T>
+void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
+  const int64_t n = a.n;
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* x = static_cast<const T*>(a.x) + r * n;
+    T* y = static_cast<T*>(a.out) + r * n;
+    const float mx = max_run(x, n);
+    const F m = S::set1(mx);
+    if (a.log) {
+      const float lowest = -std::numeric_limits<float>::infinity();
+      F acc = S::zero();
+      for (int64_t i = 0; i < n; i += W) acc = S::add(acc, vexp(S::sub(loadc(x + i, n - i, lowest), m)));
+      const F lse = S::set1(mx + std::log(S::reduce_add(acc)));
+      for (int64_t i = 0; i < n; i += W) storec(y + i, S::sub(loadc(x + i, n - i), lse), n - i);
+      continue;
+    }
+    float* e_buf = std::is_same_v<T, float> ? reinterpret_cast<float*>(y) : scratch(static_cast<size_t>(n));
+    F acc0 = S::zero(), acc1 = S::zero();
+    int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+      const F e0 = vexp(S::sub(S::load(x + i), m)), e1 = vexp(S::sub(S::load(x + i + W), m));
+      S::store(e_buf + i, e0);
+      S::store(e_buf + i + W, e1);
+      acc0 = S::add(acc0, e0);
+      acc1 = S::add(acc1, e1);
+    }
+    for (; i < n; i += W) {
+      const int64_t c = n - i;
+      const F e = vexp(S::sub(loadc(x + i, c, -std::numeric_limits<float>::infinity()), m));  // padding: exp(-inf) = 0
+      storec(e_buf + i, e, c);
+      acc0 = S::add(acc0, e);
+    }
+    const F inv = S::set1(1.f / S::reduce_add(S::add(acc0, acc1)));
+    for (i = 0; i + W <= n; i += W) S::store(y + i, S::mul(S::load(e_buf + i), inv));
+    if (i < n) storec(y + i, S::mul(loadc(e_buf + i, n - i), inv), n - i);
+  }
+}
+
+// The softmax axis is not the innermost: lanes run along the inner axis.
+template <class T>
+void softmax_columns(const tnc::SoftmaxArgs& a, int64_t i0, int64_t i1) {
+  const int64_t n = a.n, inner = a.inner;
+  const int64_t chunks = (inner + W - 1) / W;
+  for (int64_t item = i0; item < i1; ++item) {
+    const int64_t o = item / chunks, c0 = (item % chunks) * W;
+    const int64_t cnt = std::min<int64_t>(W, inner - c0);
+    const T* x = static_cast<const T*>(a.x) + o * n * inner + c0;
+    T* y = static_cast<T*>(a.out) + o * n * inner + c0;
+    F m = S::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; ++j) m = S::max(m, loadc(x + j * inner, cnt));
+    F sum = S::zero();
+    for (int64_t j = 0; j < n; ++j) sum = S::add(sum, vexp(S::sub(loadc(x + j * inner, cnt), m)));
+    if (a.log) {
+      alignas(64) float lanes[W];
+      S::store(lanes, sum);
+      for (int l = 0; l < W; ++l) lanes[l] = std::log(lanes[l]);
+      const F lse = S::add(m, S::load(static_cast<const float*>(lanes)));
+      for (int64_t j = 0; j < n; ++j) storec(y + j * inner, S::sub(loadc(x + j * inner, cnt), lse), cnt);
+    } else {
+      const F inv = S::div(S::set1(1.f), sum);
+      for (int64_t j = 0; j < n; ++j)
+        storec(y + j * inner, S::mul(vexp(S::sub(loadc(x + j * inner, cnt), m)), inv), cnt);
+    }
+  }
+}
+
+template <class T>
+void softmax(const tnc::SoftmaxArgs& a, int threads) {
+  if (a.inner == 1) {
+    tnc::parallel_for(a.outer, row_grain(a.n), threads, [&](int64_t r0, int64_t r1) { softmax_rows<T>(a, r0, r1); });
+  } else {
+    const int64_t items = a.outer * ((a.inner + W - 1) / W);
+    tnc::parallel_for(items, row_grain(a.n * W), threads, [&](int64_t i0, int64_t i1) { softmax_columns<T>(a, i0, i1); });
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise
+
+template <class T, tnc::UnaryOp op>
+void unary_range(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += W) {
+    const int64_t c = n - i;
+    const F v = loadc(x + i, c);
+    F r;
+    if constexpr (op == tnc::UnaryOp::silu) {
+      r = vsilu(v);
+    } else if constexpr (op == tnc::UnaryOp::gelu) {
+      r = vgelu(v);
+    } else if constexpr (op == tnc::UnaryOp::gelu_tanh) {
+      r = vgelu_tanh(v);
+    } else {
+      r = S::max(S::zero(), v);
+    }
+    storec(y + i, r, c);
+  }
+}
+
+template <class T>
+void unary(const tnc::UnaryArgs& a, int threads) {
+  const T* x = static_cast<const T*>(a.x);
+  T* y = static_cast<T*>(a.out);
+  const int64_t grain = a.op == tnc::UnaryOp::relu ? 65536 : 8192;
+  tnc::parallel_for(a.numel, grain, threads, [&](int64_t b, int64_t e) {
+    switch (a.op) {
+      case tnc::UnaryOp::silu: unary_range<T, tnc::UnaryOp::silu>(x + b, y + b, e - b); break;
+      case tnc::UnaryOp::gelu: unary_range<T, tnc::UnaryOp::gelu>(x + b, y + b, e - b); break;
+      case tnc::UnaryOp::gelu_tanh: unary_range<T, tnc::UnaryOp::gelu_tanh>(x + b, y + b, e - b); break;
+      case tnc::UnaryOp::relu: unary_range<T, tnc::UnaryOp::relu>(x + b, y + b, e - b); break;
+    }
+  });
+}
+
+template <class T>
+void silu_and_mul(const tnc::GatedArgs& a, int threads) {
+  const int64_t n = a.n;
+  // split columns too, so that one long row still uses every thread
+  const int64_t col_block = std::max<int64_t>(W, ((n + 3) / 4 + W - 1) / W * W);
+  const int64_t blocks = (n + col_block - 1) / col_block;
+  tnc::parallel_for(a.rows * blocks, std::max<int64_t>(1, 8192 / col_block), threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t r = item / blocks, c0 = (item % blocks) * col_block, c1 = std::min(n, c0 + col_block);
+      const T* gate = static_cast<const T*>(a.x) + r * 2 * n;
+      const T* val = gate + n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      for (int64_t i = c0; i < c1; i += W) {
+        const int64_t c = c1 - i;
+        storec(y + i, S::mul(vsilu(loadc(gate + i, c)), loadc(val + i, c)), c);
+      }
+    }
+  });
+}
+
+// Odometer over the merged axes of a broadcast: offset of each operand for an outer index.
+inline void broadcast_offsets(const tnc::BroadcastArgs& a, int64_t outer_index, int64_t off[3]) {
+  off[0] = off[1] = off[2] = 0;
+  for (int d = a.ndim - 2; d >= 0; --d) {
+    const int64_t i = outer_index % a.sizes[d];
+    outer_index /= a.sizes[d];
+    for (int k = 0; k < 3; ++k) off[k] += i * a.strides[k][d];
+  }
+}
+
+// Calls inner(offsets, begin, count) over the innermost axis in chunks, in parallel.
+template <class Inner>
+void broadcast_for(const tnc::BroadcastArgs& a, int threads, int64_t grain, Inner inner) {
+  const int64_t len = a.sizes[a.ndim - 1];
+  int64_t outer = 1;
+  for (int d = 0; d < a.ndim - 1; ++d) outer *= a.sizes[d];
+  const int64_t chunk = std::min<int64_t>(len, std::max<int64_t>(grain, 4096));
+  const int64_t chunks = (len + chunk - 1) / chunk;
+  tnc::parallel_for(outer * chunks, std::max<int64_t>(1, grain / chunk), threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t row = item / chunks, c0 = (item % chunks) * chunk;
+      int64_t off[3];
+      broadcast_offsets(a, row, off);
+      inner(off, row * len + c0, c0, std::min(chunk, len - c0));
+    }
+  });
+}
+
+template <class T>
+void binary_float(const tnc::BroadcastArgs& a, int threads) {
+  const T* pa = static_cast<const T*>(a.in[0]);
+  const T* pb = static_cast<const T*>(a.in[1]);
+  T* out = static_cast<T*>(a.out);
+  const int last = a.ndim - 1;
+  const bool a_vec = a.strides[0][last] != 0, b_vec = a.strides[1][last] != 0;
+  const float alpha = static_cast<float>(a.alpha);
+  const bool mul = a.op == tnc::BinaryOp::mul, scaled = !mul && alpha != 1.f;
+  broadcast_for(a, threads, 32768, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
+    const T* xa = pa + off[0] + (a_vec ? c0 : 0);
+    const T* xb = pb + off[1] + (b_vec ? c0 : 0);
+    T* y = out + out_at;
+    const F sa = S::set1(tnc::to_float(*xa)), sb = S::set1(tnc::to_float(*xb)), va = S::set1(alpha);
+    for (int64_t i = 0; i < count; i += W) {
+      const int64_t c = count - i;
+      const F u = a_vec ? loadc(xa + i, c) : sa;
+      const F v = b_vec ? loadc(xb + i, c) : sb;
+      const F r = mul ? S::mul(u, v) : (scaled ? S::fma(v, va, u) : S::add(u, v));
+      storec(y + i, r, c);
+    }
+  });
+}
+
+template <class I>
+void binary_int(const tnc::BroadcastArgs& a, int threads) {
+  const I* pa = static_cast<const I*>(a.in[0]);
+  const I* pb = static_cast<const I*>(a.in[1]);
+  I* out = static_cast<I*>(a.out);
+  const int last = a.ndim - 1;
+  const int64_t sa = a.strides[0][last] != 0 ? 1 : 0, sb = a.strides[1][last] != 0 ? 1 : 0;
+  const bool mul = a.op == tnc::BinaryOp::mul;
+  const int64_t alpha = static_cast<int64_t>(a.alpha);
+  broadcast_for(a, threads, 65536, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
+    const I* xa = pa + off[0] + sa * c0;
+    const I* xb = pb + off[1] + sb * c0;
+    I* y = out + out_at;
+    // wrap-around arithmetic in the element type, as torch does (computed in uint64)
+    auto run = [&](auto step_a, auto step_b) {
+      for (int64_t i = 0; i < count; ++i) {
+        const uint64_t u = static_cast<uint64_t>(static_cast<int64_t>(xa[i * step_a]));
+        const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(xb[i * step_b]));
+        y[i] = static_cast<I>(mul ? u * v : u + static_cast<uint64_t>(alpha) * v);
+      }
+    };
+    if (sa && sb) run(std::integral_constant<int64_t, 1>{}, std::integral_constant<int64_t, 1>{});
+    else if (sa) run(std::integral_constant<int64_t, 1>{}, std::integral_constant<int64_t, 0>{});
+    else if (sb) run(std::integral_constant<int64_t, 0>{}, std::integral_constant<int64_t, 1>{});
+    else run(std::integral_constant<int64_t, 0>{}, std::integral_constant<int64_t, 0>{});
+  });
+}
+
+inline void binary_bool(const tnc::BroadcastArgs& a, int threads) {
+  const uint8_t* pa = static_cast<const uint8_t*>(a.in[0]);
+  const uint8_t* pb = static_cast<const uint8_t*>(a.in[1]);
+  uint8_t* out = static_cast<uint8_t*>(a.out);
+  const int last = a.ndim - 1;
+  const int64_t sa = a.strides[0][last] != 0 ? 1 : 0, sb = a.strides[1][last] != 0 ? 1 : 0;
+  const bool mul = a.op == tnc::BinaryOp::mul;
+  const uint8_t keep_b = (mul || a.alpha != 0.0) ? 1 : 0;
+  broadcast_for(a, threads, 65536, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
+    const uint8_t* xa = pa + off[0] + sa * c0;
+    const uint8_t* xb = pb + off[1] + sb * c0;
+    uint8_t* y = out + out_at;
+    for (int64_t i = 0; i < count; ++i) {
+      const uint8_t u = xa[i * sa] != 0, v = (xb[i * sb] != 0) & keep_b;
+      y[i] = mul ? (u & v) : (u | v);
+    }
+  });
+}
+
+template <class T>
+void clamp(const tnc::BroadcastArgs& a, int threads) {
+  const T* px = static_cast<const T*>(a.in[0]);
+  const T* plo = static_cast<const T*>(a.in[1]);
+  const T* phi = static_cast<const T*>(a.in[2]);
+  T* out = static_cast<T*>(a.out);
+  const int last = a.ndim - 1;
+  const bool vx = a.strides[0][last] != 0, vlo = a.strides[1][last] != 0, vhi = a.strides[2][last] != 0;
+  broadcast_for(a, threads, 32768, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
+    const T* x = px + off[0] + (vx ? c0 : 0);
+    const T* lo = plo ? plo + off[1] + (vlo ? c0 : 0) : nullptr;
+    const T* hi = phi ? phi + off[2] + (vhi ? c0 : 0) : nullptr;
+    T* y = out + out_at;
+    const F sx = S::set1(tnc::to_float(*x));
+    const F slo = S::set1(lo ? tnc::to_float(*lo) : 0.f), shi = S::set1(hi ? tnc::to_float(*hi) : 0.f);
+    for (int64_t i = 0; i < count; i += W) {
+      const int64_t c = count - i;
+      F r = vx ? loadc(x + i, c) : sx;
+      // bound first: where x is NaN the second operand (x) is kept, as torch.clamp does
+      if (lo) r = S::max(vlo ? loadc(lo + i, c) : slo, r);
+      if (hi) r = S::min(vhi ? loadc(hi + i, c) : shi, r);
+      storec(y + i, r, c);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// reductions over merged axes (contiguous input)
+
+template <class T>
+void reduce(const tnc::ReduceArgs& a, int threads) {
+  const T* x = static_cast<const T*>(a.x);
+  T* out = static_cast<T*>(a.out);
+  const bool is_max = a.op == tnc::ReduceOp::amax;
+  const float init = is_max ? -std::numeric_limits<float>::infinity() : 0.f;
+  const float scale = a.scale;
+  int64_t stride[tnc::kMaxDims];
+  int64_t st = 1;
+  for (int d = a.ndim - 1; d >= 0; --d) {
+    stride[d] = st;
+    st *= a.sizes[d];
+  }
+  const int last = a.ndim - 1;
+  const int64_t len = a.sizes[last];
+  int kept[tnc::kMaxDims], red[tnc::kMaxDims];
+  int nk = 0, nr = 0;
+  for (int d = 0; d < last; ++d) (a.reduced[d] ? red[nr++] : kept[nk++]) = d;
+  int64_t n_red = 1, n_kept = 1;
+  for (int i = 0; i < nr; ++i) n_red *= a.sizes[red[i]];
+  for (int i = 0; i < nk; ++i) n_kept *= a.sizes[kept[i]];
+  auto offset_of = [&](int64_t index, const int* dims, int count) {
+    int64_t off = 0;
+    for (int i = count - 1; i >= 0; --i) {
+      off += (index % a.sizes[dims[i]]) * stride[dims[i]];
+      index /= a.sizes[dims[i]];
+    }
+    return off;
+  };
+  if (a.reduced[last]) {
+    if (n_kept == 1 && n_red == 1) {  // one contiguous run: split it over threads
+      const int parts = std::max(1, std::min<int>(threads, static_cast<int>(len / 65536)));
+      float partial[256];
+      const int64_t piece = (len + parts - 1) / parts;
+      tnc::parallel_for(parts, 1, threads, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t b = p * piece, e = std::min(len, b + piece);
+          partial[p] = b >= e ? init : (is_max ? max_run(x + b, e - b) : sum_run(x + b, e - b));
+        }
+      });
+      float acc = init;
+      for (int p = 0; p < parts; ++p) acc = is_max ? std::max(acc, partial[p]) : acc + partial[p];
+      out[0] = tnc::from_float<T>(acc * scale);
+      return;
+    }
+    tnc::parallel_for(n_kept, row_grain(len * n_red), threads, [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        const int64_t base = offset_of(o, kept, nk);
+        float acc = init;
+        for (int64_t rc = 0; rc < n_red; ++rc) {
+          const T* p = x + base + offset_of(rc, red, nr);
+          acc = is_max ? std::max(acc, max_run(p, len)) : acc + sum_run(p, len);
+        }
+        out[o] = tnc::from_float<T>(acc * scale);
+      }
+    });
+    return;
+  }
+  // the innermost axis is kept: accumulate whole rows into float columns
+  constexpr int64_t kChunk = 2048;
+  const int64_t chunks = (len + kChunk - 1) / kChunk;
+  tnc::parallel_for(n_kept * chunks, 1, threads, [&](int64_t i0, int64_t i1) {
+    float* acc = scratch(kChunk);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t o = item / chunks, c0 = (item % chunks) * kChunk, cnt = std::min(kChunk, len - c0);
+      const int64_t base = offset_of(o, kept, nk) + c0;
+      for (int64_t i = 0; i < cnt; ++i) acc[i] = init;
+      for (int64_t rc = 0; rc < n_red; ++rc) {
+        const T* p = x + base + offset_of(rc, red, nr);
+        for (int64_t i = 0; i < cnt; i += W) {
+          const F v = loadc(p + i, cnt - i, init);
+          const F c = loadc(acc + i, cnt - i, init);
+          storec(acc + i, is_max ? S::max(c, v) : S::add(c, v), cnt - i);
+        }
+      }
+      T* y = out + o * len + c0;
+      const F vs = S::set1(scale);
+      for (int64_t i = 0; i < cnt; i += W) storec(y + i, S::mul(loadc(acc + i, cnt - i), vs), cnt - i);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// rotary position embedding, NeoX half split
+
+template <class T>
+void rope(const tnc::RopeArgs& a, int threads) {
+  const int64_t half = a.rotary_dim / 2, d = a.head_dim, heads = a.heads;
+  tnc::parallel_for(a.tokens, row_grain(heads * d), threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t pos;
+      if (a.positions == nullptr) {
+        pos = t % a.seq;
+      } else {
+        pos = a.positions_are_i64 ? static_cast<const int64_t*>(a.positions)[t] : static_cast<const int32_t*>(a.positions)[t];
+      }
+      const float* cs = a.cos + pos * half;
+      const float* sn = a.sin + pos * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* x = static_cast<const T*>(a.x) + (t * heads + h) * d;
+        T* y = static_cast<T*>(a.out) + (t * heads + h) * d;
+        for (int64_t i = 0; i < half; i += W) {
+          const int64_t c = half - i;
+          const F x1 = loadc(x + i, c), x2 = loadc(x + half + i, c);
+          const F co = loadc(cs + i, c), si = loadc(sn + i, c);
+          storec(y + i, S::fnma(x2, si, S::mul(x1, co)), c);
+          storec(y + half + i, S::fma(x1, si, S::mul(x2, co)), c);
+        }
+        for (int64_t i = a.rotary_dim; i < d; ++i) y[i] = x[i];
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMM: pack to float panels, MR x (2 W) register micro-tiles, float accumulation
+
+constexpr int kMR = S::kGemmMR;
+constexpr int kNR = 2 * W;
+constexpr int64_t kKC = 256;
+constexpr int64_t kMC = kMR * 8;
+constexpr int64_t kNC = 512;
+
+// acc[MR x NR] (+)= Ap[kc x MR]^T * Bp[kc x NR]; c has row stride ldc.
+inline void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* __restrict c, int64_t ldc,
+                       int mr, int nr, bool first) {
+  F acc0[kMR], acc1[kMR];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r) acc0[r] = acc1[r] = S::zero();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const F b0 = S::load(bp + kk * kNR), b1 = S::load(bp + kk * kNR + W);
+    const float* ak = ap + kk * kMR;
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      const F av = S::set1(ak[r]);
+      acc0[r] = S::fma(av, b0, acc0[r]);
+      acc1[r] = S::fma(av, b1, acc1[r]);
+    }
+  }
+  if (mr == kMR && nr == kNR) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      float* row = c + r * ldc;
+      if (first) {
+        S::store(row, acc0[r]);
+        S::store(row + W, acc1[r]);
+      } else {
+        S::store(row, S::add(S::load(row), acc0[r]));
+        S::store(row + W, S::add(S::load(row + W), acc1[r]));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[kMR * kNR];
+  for (int r = 0; r < kMR; ++r) {
+    S::store(tile + r * kNR, acc0[r]);
+    S::store(tile + r * kNR + W, acc1[r]);
+  }
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * kNR + j];
+}
+
+template <class T>
+void gemm(const tnc::GemmArgs& g, int threads) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  const int64_t nc_max = std::min(kNC, (n + kNR - 1) / kNR * kNR);
+  float* bpack = scratch(static_cast<size_t>(kKC * nc_max), 2);
+  float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const T* A = static_cast<const T*>(g.a) + bi * g.a_batch;
+    const T* B = static_cast<const T*>(g.b) + bi * g.b_batch;
+    T* D = static_cast<T*>(g.d) + bi * g.d_batch;
+    for (int64_t jc = 0; jc < n; jc += kNC) {
+      const int64_t nc = std::min(kNC, n - jc);
+      const int64_t panels = (nc + kNR - 1) / kNR;
+      if (k == 0) {
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < nc; ++j) D[i * n + jc + j] = tnc::from_float<T>(0.f);
+        continue;
+      }
+      for (int64_t pc = 0; pc < k; pc += kKC) {
+        const int64_t kc = std::min(kKC, k - pc);
+        const bool first = pc == 0, last = pc + kc >= k;
+        tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) {
+            float* dst = bpack + p * kc * kNR;
+            for (int64_t j = 0; j < kNR; ++j) {
+              const int64_t col = jc + p * kNR + j;
+              if (col >= jc + nc) {
+                for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.f;
+                continue;
+              }
+              const T* src = B + col * g.b_col + pc * g.b_row;
+              for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = tnc::to_float(src[kk * g.b_row]);
+            }
+          }
+        });
+        const int64_t mblocks = (m + kMC - 1) / kMC;
+        tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
+          float* apack = scratch(static_cast<size_t>(kMC * kKC), 1);
+          for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t ic = blk * kMC, mc = std::min(kMC, m - ic);
+            for (int64_t ir = 0; ir < mc; ir += kMR) {
+              float* dst = apack + ir * kc;
+              for (int r = 0; r < kMR; ++r) {
+                const int64_t row = ic + ir + r;
+                if (row >= m) {
+                  for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kMR + r] = 0.f;
+                  continue;
+                }
+                const T* src = A + row * g.a_row + pc * g.a_col;
+                for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kMR + r] = tnc::to_float(src[kk * g.a_col]);
+              }
+            }
+            for (int64_t p = 0; p < panels; ++p) {
+              const int nr = static_cast<int>(std::min<int64_t>(kNR, nc - p * kNR));
+              for (int64_t ir = 0; ir < mc; ir += kMR) {
+                const int mr = static_cast<int>(std::min<int64_t>(kMR, mc - ir));
+                micro_tile(kc, apack + ir * kc, bpack + p * kc * kNR, cacc + (ic + ir) * nc_max + p * kNR,
+                           nc_max, mr, nr, first);
+              }
+            }
+            if (last) {
+              for (int64_t i = ic; i < ic + mc; ++i) {
+                const float* crow = cacc + i * nc_max;
+                T* drow = D + i * n + jc;
+                for (int64_t j = 0; j < nc; j += W) storec(drow + j, loadc(crow + j, nc - j), nc - j);
+              }
+            }
+          }
+        });
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// attention: blocked online softmax in float32
+
+constexpr int64_t kAttnBQ = 32;
+constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
+
+template <class T>
+void attention(const tnc::AttentionArgs& a, int threads) {
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
+  const int64_t qblocks = (a.seq_q + kAttnBQ - 1) / kAttnBQ;
+  const int64_t items = a.batch * a.heads_kv * qblocks;
+  const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
+  tnc::parallel_for(items, 1, threads, [&](int64_t i0, int64_t i1) {
+    const int64_t rows_max = G * kAttnBQ;
+    float* Q = scratch(static_cast<size_t>(rows_max * Dp + rows_max * Dp + rows_max * kAttnBK + 2 * rows_max), 0);
+    float* O = Q + rows_max * Dp;
+    float* P = O + rows_max * Dp;
+    float* Mx = P + rows_max * kAttnBK;
+    float* L = Mx + rows_max;
+    float* Kt = scratch(static_cast<size_t>(D * kAttnBK), 1);
+    float* V = scratch(static_cast<size_t>(kAttnBK * Dp), 2);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t qb = item % qblocks, hkv = (item / qblocks) % a.heads_kv, b = item / (qblocks * a.heads_kv);
+      const int64_t q0 = qb * kAttnBQ, bq = std::min(kAttnBQ, a.seq_q - q0);
+      const int64_t rows = G * bq;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < bq; ++i) {
+          const T* src = static_cast<const T*>(a.q) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          float* dst = Q + (g * bq + i) * Dp;
+          for (int64_t d = 0; d < D; ++d) dst[d] = tnc::to_float(src[d]) * a.scale;
+          for (int64_t d = D; d < Dp; ++d) dst[d] = 0.f;
+        }
+      for (int64_t r = 0; r < rows; ++r) {
+        Mx[r] = -std::numeric_limits<float>::infinity();
+        L[r] = 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[r * Dp + d] = 0.f;
+      }
+      // causal: top-left aligned, key j is visible to query i when j <= i
+      const int64_t kv_end = a.causal ? std::min(a.seq_kv, q0 + bq) : a.seq_kv;
+      for (int64_t k0 = 0; k0 < kv_end; k0 += kAttnBK) {
+        const int64_t bk = std::min(kAttnBK, kv_end - k0);
+        for (int64_t j = 0; j < kAttnBK; ++j) {
+          float* vdst = V + j * Dp;
+          if (j >= bk) {
+            for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = 0.f;
+            for (int64_t d = 0; d < Dp; ++d) vdst[d] = 0.f;
+            continue;
+          }
+          const int64_t tok = (b * a.seq_kv + k0 + j) * kv_tok + hkv * D;
+          const T* ks = static_cast<const T*>(a.k) + tok;
+          const T* vs = static_cast<const T*>(a.v) + tok;
+          for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = tnc::to_float(ks[d]);
+          for (int64_t d = 0; d < D; d += W) storec(vdst + d, loadc(vs + d, D - d), D - d);
+          for (int64_t d = D; d < Dp; ++d) vdst[d] = 0.f;
+        }
+        // scores, four query rows at a time
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const float* q[4];
+          for (int i = 0; i < 4; ++i) q[i] = Q + std::min(r0 + i, rows - 1) * Dp;
+          for (int64_t c = 0; c < kAttnBK; c += W) {
+            F s0 = S::zero(), s1 = S::zero(), s2 = S::zero(), s3 = S::zero();
+            for (int64_t d = 0; d < D; ++d) {
+              const F kv = S::load(Kt + d * kAttnBK + c);
+              s0 = S::fma(S::set1(q[0][d]), kv, s0);
+              s1 = S::fma(S::set1(q[1][d]), kv, s1);
+              s2 = S::fma(S::set1(q[2][d]), kv, s2);
+              s3 = S::fma(S::set1(q[3][d]), kv, s3);
+            }
+            const F s[4] = {s0, s1, s2, s3};
+            for (int i = 0; i < 4 && r0 + i < rows; ++i) S::store(P + (r0 + i) * kAttnBK + c, s[i]);
+          }
+        }
+        // online softmax per row
+        for (int64_t r = 0; r < rows; ++r) {
+          float* p = P + r * kAttnBK;
+          const int64_t qi = q0 + r % bq;
+          const int64_t visible = a.causal ? std::min(bk, qi - k0 + 1) : bk;
+          for (int64_t j = std::max<int64_t>(visible, 0); j < kAttnBK; ++j) p[j] = -std::numeric_limits<float>::infinity();
+          F row_max = S::load(p);
+          for (int64_t j = W; j < kAttnBK; j += W) row_max = S::max(row_max, S::load(p + j));
+          const float mx = std::max(Mx[r], S::reduce_max(row_max));
+          if (mx == -std::numeric_limits<float>::infinity()) {  // nothing visible yet in this row
+            for (int64_t j = 0; j < kAttnBK; ++j) p[j] = 0.f;
+            continue;
+          }
+          const float corr = std::exp(Mx[r] - mx);
+          Mx[r] = mx;
+          const F m = S::set1(mx);
+          F sum = S::zero();
+          for (int64_t j = 0; j < kAttnBK; j += W) {
+            const F e = vexp(S::sub(S::load(p + j), m));
+            S::store(p + j, e);
+            sum = S::add(sum, e);
+          }
+          L[r] = L[r] * corr + S::reduce_add(sum);
+          if (corr != 1.f) {
+            const F vc = S::set1(corr);
+            float* o = O + r * Dp;
+            for (int64_t d = 0; d < Dp; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
+          }
+        }
+        // O += P V, four rows at a time
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const int64_t rn = std::min<int64_t>(4, rows - r0);
+          const float* p[4];
+          for (int i = 0; i < 4; ++i) p[i] = P + std::min(r0 + i, rows - 1) * kAttnBK;
+          for (int64_t d = 0; d < Dp; d += W) {
+            F o0 = S::load(O + r0 * Dp + d);
+            F o1 = rn > 1 ? S::load(O + (r0 + 1) * Dp + d) : S::zero();
+            F o2 = rn > 2 ? S::load(O + (r0 + 2) * Dp + d) : S::zero();
+            F o3 = rn > 3 ? S::load(O + (r0 + 3) * Dp + d) : S::zero();
+            for (int64_t j = 0; j < bk; ++j) {
+              const F vv = S::load(V + j * Dp + d);
+              o0 = S::fma(S::set1(p[0][j]), vv, o0);
+              o1 = S::fma(S::set1(p[1][j]), vv, o1);
+              o2 = S::fma(S::set1(p[2][j]), vv, o2);
+              o3 = S::fma(S::set1(p[3][j]), vv, o3);
+            }
+            S::store(O + r0 * Dp + d, o0);
+            if (rn > 1) S::store(O + (r0 + 1) * Dp + d, o1);
+            if (rn > 2) S::store(O + (r0 + 2) * Dp + d, o2);
+            if (rn > 3) S::store(O + (r0 + 3) * Dp + d, o3);
+          }
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < bq; ++i) {
+          const int64_t r = g * bq + i;
+          const F inv = S::set1(L[r] > 0.f ? 1.f / L[r] : 0.f);
+          T* dst = static_cast<T*>(a.o) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          for (int64_t d = 0; d < D; d += W) storec(dst + d, S::mul(S::load(O + r * Dp + d), inv), D - d);
+        }
+    }
+  });
+}
+
+// Decode: one query per sequence. Memory-bound on K and V, which are read once; the
+// KV axis is split when batch x kv-heads alone cannot keep every thread busy.
+template <class T>
+void attention_decode(const tnc::AttentionArgs& a, int threads) {
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, N = a.seq_kv;
+  const int64_t groups = a.batch * a.heads_kv;
+  int64_t splits = 1;
+  if (groups < 4 * threads) splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + groups - 1) / groups, N / 256));
+  const int64_t span = (N + splits - 1) / std::max<int64_t>(splits, 1);
+  const int64_t part_stride = Dp + 2;
+  std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
+  const int64_t kv_tok = a.heads_kv * D;
+  tnc::parallel_for(groups * splits, 1, threads, [&](int64_t i0, int64_t i1) {
+    float* Q = scratch(static_cast<size_t>(G * Dp * 2 + G * kAttnBK), 0);
+    float* O = Q + G * Dp;
+    float* P = O + G * Dp;
+    float* Kf = scratch(static_cast<size_t>(kAttnBK * Dp * 2), 1);
+    float* Vf = Kf + kAttnBK * Dp;
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t grp = item / splits, sp = item % splits;
+      const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+      const int64_t n0 = sp * span, n1 = std::min(N, n0 + span);
+      for (int64_t g = 0; g < G; ++g) {
+        const T* src = static_cast<const T*>(a.q) + (b * a.heads + hkv * G + g) * D;
+        for (int64_t d = 0; d < Dp; ++d) Q[g * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[g * Dp + d] = 0.f;
+      }
+      float mx[64], l[64];
+      for (int64_t g = 0; g < G; ++g) {
+        mx[g] = -std::numeric_limits<float>::infinity();
+        l[g] = 0.f;
+      }
+      for (int64_t k0 = n0; k0 < n1; k0 += kAttnBK) {
+        const int64_t bk = std::min(kAttnBK, n1 - k0);
+        for (int64_t j = 0; j < bk; ++j) {
+          const int64_t tok = (b * N + k0 + j) * kv_tok + hkv * D;
+          const T* ks = static_cast<const T*>(a.k) + tok;
+          const T* vs = static_cast<const T*>(a.v) + tok;
+          for (int64_t d = 0; d < Dp; d += W) {
+            S::store(Kf + j * Dp + d, loadc(ks + d, D - d));
+            S::store(Vf + j * Dp + d, loadc(vs + d, D - d));
+          }
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          const float* q = Q + g * Dp;
+          float* p = P + g * kAttnBK;
+          for (int64_t j = 0; j < bk; ++j) {
+            const float* kr = Kf + j * Dp;
+            F s0 = S::zero(), s1 = S::zero();
+            int64_t d = 0;
+            for (; d + 2 * W <= Dp; d += 2 * W) {
+              s0 = S::fma(S::load(q + d), S::load(kr + d), s0);
+              s1 = S::fma(S::load(q + d + W), S::load(kr + d + W), s1);
+            }
+            if (d < Dp) s0 = S::fma(S::load(q + d), S::load(kr + d), s0);
+            p[j] = S::reduce_add(S::add(s0, s1));
+          }
+          float m = mx[g];
+          for (int64_t j = 0; j < bk; ++j) m = std::max(m, p[j]);
+          const float corr = std::exp(mx[g] - m);
+          mx[g] = m;
+          float sum = 0.f;
+          for (int64_t j = 0; j < bk; ++j) {
+            p[j] = std::exp(p[j] - m);
+            sum += p[j];
+          }
+          l[g] = l[g] * corr + sum;
+          float* o = O + g * Dp;
+          const F vc = S::set1(corr);
+          for (int64_t d = 0; d < Dp; d += W) {
+            F acc = S::mul(S::load(o + d), vc);
+            for (int64_t j = 0; j < bk; ++j) acc = S::fma(S::set1(p[j]), S::load(Vf + j * Dp + d), acc);
+            S::store(o + d, acc);
+          }
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
+        part[0] = mx[g];
+        part[1] = l[g];
+        for (int64_t d = 0; d < Dp; ++d) part[2 + d] = O[g * Dp + d];
+      }
+    }
+  });
+  // merge the splits of each (sequence, head)
+  tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {
+    for (int64_t hg = h0; hg < h1; ++hg) {
+      const int64_t grp = hg / G, g = hg % G;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
+      float acc[1024];
+      float l = 0.f;
+      for (int64_t d = 0; d < Dp; ++d) acc[d] = 0.f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
+        if (part[1] == 0.f) continue;
+        const float w = std::exp(part[0] - m);
+        l += part[1] * w;
+        for (int64_t d = 0; d < Dp; ++d) acc[d] += part[2 + d] * w;
+      }
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+      T* dst = static_cast<T*>(a.o) + (b * a.heads + hkv * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+
+inline tnc::Table make_table() {
+  tnc::Table t{};
+  t.name = S::kName;
+#define TNC_FILL3(field, fn) \
+  t.field[0] = fn<float>;    \
+  t.field[1] = fn<half_t>;   \
+  t.field[2] = fn<bf16_t>
+  TNC_FILL3(rms_norm, rms_norm);
+  TNC_FILL3(fused_add_rms_norm, fused_add_rms_norm);
+  TNC_FILL3(layer_norm, layer_norm);
+  TNC_FILL3(group_norm, group_norm);
+  TNC_FILL3(softmax, softmax);
+  TNC_FILL3(unary, unary);
+  TNC_FILL3(silu_and_mul, silu_and_mul);
+  TNC_FILL3(reduce, reduce);
+  TNC_FILL3(clamp, clamp);
+  TNC_FILL3(rope, rope);
+  TNC_FILL3(gemm, gemm);
+  TNC_FILL3(attention, attention);
+  TNC_FILL3(attention_decode, attention_decode);
+#undef TNC_FILL3
+  t.binary[0] = binary_float<float>;
+  t.binary[1] = binary_float<half_t>;
+  t.binary[2] = binary_float<bf16_t>;
+  t.binary[3] = binary_bool;
+  t.binary[4] = binary_int<uint8_t>;
+  t.binary[5] = binary_int<int8_t>;
+  t.binary[6] = binary_int<int16_t>;
+  t.binary[7] = binary_int<int32_t>;
+  t.binary[8] = binary_int<int64_t>;
+  return t;
+}

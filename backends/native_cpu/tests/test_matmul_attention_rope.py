@@ -1,0 +1,127 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FLOATS, close, run, spec
+from tileops_native_cpu import builders as b
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("m,n,k", [(37, 45, 70), (1, 33, 300), (130, 1, 17), (64, 96, 600)])
+def test_gemm_matches_matmul_in_every_layout(dtype, trans_a, trans_b, m, n, k):
+    a = torch.randn((k, m) if trans_a else (m, k), dtype=dtype)
+    bm = torch.randn((n, k) if trans_b else (k, n), dtype=dtype)
+    out = run(b.build_gemm, a, bm, trans_a=trans_a, trans_b=trans_b)
+    ref = (a.float().T if trans_a else a.float()) @ (bm.float().T if trans_b else bm.float())
+    close(out, ref.to(dtype), scale=max(1.0, k**0.5 / 4) * (10 if dtype == torch.float32 else 1))
+
+
+def test_gemm_refuses_operands_that_disagree_on_k():
+    a, bm = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(5, 9, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K=8"):
+        b.build_gemm(spec(a), spec(bm), trans_a=False, trans_b=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_bmm_matches_torch(dtype):
+    a, bm = torch.randn(3, 17, 32, dtype=dtype), torch.randn(3, 32, 9, dtype=dtype)
+    close(run(b.build_bmm, a, bm), torch.bmm(a.float(), bm.float()).to(dtype), scale=2 if dtype != torch.float32 else 10)
+
+
+def rope_ref(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def tables(positions, dim, base, dtype):
+    half = dim // 2
+    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.outer(positions.float(), freqs)
+    return ang.cos().to(dtype).float(), ang.sin().to(dtype).float()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_1d_rotates_positions_zero_to_seq_len(dtype):
+    x = torch.randn(37, 64, dtype=dtype)
+    cos, sin = tables(torch.arange(37), 64, 10000.0, dtype)
+    close(run(b.build_rope_neox, x, layout="1d", base=10000.0), rope_ref(x.float(), cos, sin).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_2d_rotates_every_head_of_bshd(dtype):
+    x = torch.randn(2, 5, 3, 34, dtype=dtype)
+    cos, sin = tables(torch.arange(5), 34, 500.0, dtype)
+    ref = rope_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :])
+    close(run(b.build_rope_neox, x, layout="2d", base=500.0), ref.to(dtype))
+
+
+def test_rope_kernel_built_for_a_short_sequence_serves_a_longer_one_once_built_for_it():
+    x_short, x_long = torch.randn(4, 16), torch.randn(4000, 16)
+    k_short = b.build_rope_neox(spec(x_short), layout="1d", base=10000.0)
+    k_long = b.build_rope_neox(spec(x_long), layout="1d", base=10000.0)
+    assert k_short is k_long
+    cos, sin = tables(torch.arange(4000), 16, 10000.0, torch.float32)
+    close(k_long(x_long), rope_ref(x_long, cos, sin), scale=5)
+    cos, sin = tables(torch.arange(4), 16, 10000.0, torch.float32)
+    close(k_short(x_short), rope_ref(x_short, cos, sin))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rope_with_position_ids_rotates_the_leading_rotary_dims_only(dtype, pos_dtype, rotary_dim):
+    x = torch.randn(9, 4, 64, dtype=dtype)
+    pos = torch.randint(0, 2048, (9,), dtype=pos_dtype)
+    out = run(b.build_rope_neox_position_ids, x, pos, max_position=2048, base=10000.0, rotary_dim=rotary_dim)
+    cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
+    rot = rope_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
+    close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
+def test_rope_with_a_position_beyond_max_position_raises_index_error():
+    x = torch.randn(2, 1, 8)
+    pos = torch.tensor([0, 16])
+    with pytest.raises(IndexError, match="got 16"):
+        run(b.build_rope_neox_position_ids, x, pos, max_position=16, base=10000.0, rotary_dim=8)
+
+
+def sdpa_ref(q, k, v, causal):
+    group = q.shape[2] // k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
+    return F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("bshd", [(2, 70, 4, 2, 64), (1, 1, 2, 1, 32), (1, 130, 8, 8, 40)])
+def test_gqa_forward_matches_sdpa(dtype, causal, bshd):
+    bsz, s, h, hkv, d = bshd
+    q = torch.randn(bsz, s, h, d, dtype=dtype)
+    k, v = torch.randn(bsz, s, hkv, d, dtype=dtype), torch.randn(bsz, s, hkv, d, dtype=dtype)
+    out = run(b.build_gqa, q, k, v, is_causal=causal)
+    close(out, sdpa_ref(q, k, v, causal).to(dtype), scale=3)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("bnhd", [(2, 300, 8, 2, 64), (1, 1, 4, 4, 128), (1, 5000, 8, 1, 32)])
+def test_gqa_decode_attends_to_every_cached_position(dtype, bnhd):
+    bsz, n, h, hkv, d = bnhd
+    q = torch.randn(bsz, h, d, dtype=dtype)
+    k, v = torch.randn(bsz, n, hkv, d, dtype=dtype), torch.randn(bsz, n, hkv, d, dtype=dtype)
+    out = run(b.build_gqa_decode, q, k, v)
+    close(out, sdpa_ref(q[:, None], k, v, False)[:, 0].to(dtype), scale=3)
+
+
+def test_gqa_decode_reuses_one_kernel_as_the_cache_grows():
+    q = torch.randn(1, 4, 32, dtype=torch.bfloat16)
+    made = {id(b.build_gqa_decode(spec(q), *(2 * [spec(torch.empty(1, n, 2, 32, dtype=torch.bfloat16))]))) for n in range(1, 40)}
+    assert len(made) == 1
+
+
+def test_gqa_refuses_heads_that_are_not_a_multiple_of_kv_heads():
+    q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 4, 4, 8)
+    with pytest.raises(ValueError, match="H=6, H_kv=4"):
+        b.build_gqa(spec(q), spec(k), spec(k), is_causal=True)
