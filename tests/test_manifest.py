@@ -500,6 +500,12 @@ MALFORMED = [
     (("workloads", 0, "y"), [1], "workloads[0] (w)", "unknown key 'y'"),
     (("workloads", 0, "dtypes"), ["float32"], "workloads[0] (w) as float32", "float32"),
     (("workloads", 0, "params"), {"eps": "small"}, "workloads[0] (w).params", "'small'"),
+    (
+        ("signature", "params", "eb"),
+        {"type": "int", "default": 1},
+        "signature.params.eb",
+        "reserved for the roofline",
+    ),
 ]
 
 

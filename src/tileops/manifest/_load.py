@@ -107,11 +107,18 @@ class _Ctx:
             if key not in value:
                 raise self.error(field, f"missing key {key!r}")
 
-    def identifier(self, name: Any, field: str) -> str:
+    def identifier(self, name: Any, field: str | None) -> str:
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
             raise self.error(field, f"{name!r} is not a valid identifier")
         if name.startswith("_"):
             raise self.error(field, f"{name!r}: names starting with '_' are reserved")
+        return name
+
+    def binding(self, name: Any, field: str) -> str:
+        """An input or param name: an identifier that the roofline's ``eb`` cannot hide."""
+        self.identifier(name, field)
+        if name in _ROOFLINE_RESERVED:
+            raise self.error(field, f"{name!r} is reserved for the roofline")
         return name
 
     def flag(self, value: Any, field: str) -> bool:
@@ -159,7 +166,7 @@ def _inputs(ctx: _Ctx, raw: Any) -> tuple[InputDecl, ...]:
     decls: list[InputDecl] = []
     for name, spec in ctx.mapping(raw, field, empty_ok=False).items():
         f = f"{field}.{name}"
-        ctx.identifier(name, f)
+        ctx.binding(name, f)
         spec = ctx.mapping(spec, f)
         ctx.keys(spec, f, _INPUT_KEYS, {"optional", "mutated"})
         try:
@@ -194,7 +201,7 @@ def _params(
     seen_default = False
     for name, spec in ctx.mapping(raw, field).items():
         f = f"{field}.{name}"
-        ctx.identifier(name, f)
+        ctx.binding(name, f)
         if name in taken:
             raise ctx.error(f, f"param {name!r} has the name of an input")
         spec = ctx.mapping(spec, f)
@@ -236,7 +243,7 @@ def _params(
 
 
 def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
-    ctx.identifier(name, None)  # type: ignore[arg-type]
+    ctx.identifier(name, None)
     raw = ctx.mapping(raw, None, empty_ok=False)  # type: ignore[arg-type]
     ctx.keys(raw, None, _ENTRY_KEYS, _ENTRY_OPTIONAL)
 
