@@ -262,7 +262,7 @@ class OpEntry:
 
     # --- workloads --------------------------------------------------------------------
 
-    def case_dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype | None, ...]:
+    def case_dtypes(self, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
         """The dtype of each input in a workload case of ``dtype``: the first input has
         ``dtype`` (allowed or not: check_inputs judges), same_as inputs follow their source,
         another input with a rule of its own (position ids) takes ``dtype`` if its rule
@@ -285,10 +285,11 @@ class OpEntry:
     ) -> list[MetaSpec | None]:
         """TensorSpec-like objects (None for an absent optional input) for a workload case."""
         device = torch.device(device)
-        return [
-            None if shapes.get(name) is None else MetaSpec(device, dt, tuple(shapes[name]))  # type: ignore[arg-type]
-            for name, dt in zip(self._input_names, self.case_dtypes(dtype))
-        ]
+        out: list[MetaSpec | None] = []
+        for name, dt in zip(self._input_names, self.case_dtypes(dtype)):
+            shape = shapes.get(name)
+            out.append(None if shape is None else MetaSpec(device, dt, tuple(shape)))
+        return out
 
     def workload_cases(self, scale: str = "cpu") -> list[WorkloadCase]:
         """(name, shapes per input, params, dtype) for every workload x dtype.
