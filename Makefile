@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q
-CSRC   := $(shell find csrc -type f) CMakeLists.txt pyproject.toml
+# The editable install records which files exist: reinstall when any source file changes.
+CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
 .PHONY: setup demo test test-cpp test-py gtest clean
 

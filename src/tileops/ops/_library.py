@@ -46,7 +46,9 @@ def _schema_type(type_text: str) -> str:
 
 
 def _op_name(cls: type) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+    """RMSNormFwdOp -> rms_norm_fwd; GroupedQueryAttentionDecodeWithKVCacheFwdOp -> ..._kv_cache_fwd."""
+    name = cls.__name__.removesuffix("Op")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def _schema(cls: type, mutating: bool) -> str:

@@ -409,8 +409,9 @@ def _aliases(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.device != b.device or a.numel() == 0 or b.numel() == 0:
         return False
     try:
-        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (meta, subclasses)
+        pointer = a.untyped_storage().data_ptr()
+        return pointer != 0 and pointer == b.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (subclasses)
         return False
 
 

@@ -1,0 +1,258 @@
+"""The numeric conformance harness: any target's kernels against the manifest's reference.
+
+For a target, every op it registers is run over the manifest's workloads (scaled down
+for CPU by default) and edge cases, through the public op API with ``target=``, and
+compared with ``tileops.testing.references`` at a tolerance chosen per dtype. A backend
+reuses it from its own tests::
+
+    import pytest
+    from tileops.testing import harness
+
+    @pytest.mark.parametrize("case", harness.cases("acme", device="acme:0"), ids=str)
+    def test_acme_matches_the_references(case):
+        harness.check(case)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .. import manifest
+from ..backend import registered_targets
+from . import references
+
+_GQA_FWD = "GroupedQueryAttentionFwdOp"
+_GQA_DECODE = "GroupedQueryAttentionDecodeWithKVCacheFwdOp"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One op call to check: which op, on which shapes, params and dtype."""
+
+    op: str
+    workload: str
+    shapes: dict[str, tuple[int, ...] | None]
+    params: dict[str, Any]
+    dtype: torch.dtype
+    target: str | None
+    device: str
+    strided: bool = False  # hand the op transposed-then-contiguous-in-the-other-order inputs
+
+    def __str__(self) -> str:
+        dims = ",".join(f"{k}{list(v)}" for k, v in self.shapes.items() if v is not None)
+        extra = "-strided" if self.strided else ""
+        return f"{self.op}-{self.workload}-{str(self.dtype).removeprefix('torch.')}-{dims}{extra}"
+
+
+def cases(
+    target: str | None,
+    *,
+    device: str = "cpu",
+    scale: str = "cpu",
+    ops: Iterable[str] | None = None,
+    edge_cases: bool = True,
+) -> list[Case]:
+    """Every workload case of every op ``target`` registers (or ``ops``), plus edge cases."""
+    names = list(ops) if ops is not None else _ops_of(target)
+    out: list[Case] = []
+    for name in names:
+        entry = manifest.entry(name)
+        for workload, shapes, params, dtype in entry.workload_cases(scale):
+            out.append(Case(name, workload, dict(shapes), dict(params), dtype, target, device))
+        if edge_cases:
+            out.extend(_edge_cases(entry, target, device))
+    return out
+
+
+def _ops_of(target: str | None) -> list[str]:
+    if target is None:
+        return sorted(manifest.all_entries())
+    return sorted(op for op in manifest.all_entries() if target in registered_targets(op))
+
+
+def _edge_cases(entry: manifest.OpEntry, target: str | None, device: str) -> list[Case]:
+    """One row, odd sizes not a multiple of any vector width, and strided inputs."""
+    base = entry.workload_cases("cpu")
+    if not base:
+        return []
+    _, shapes, params, dtype = base[0]
+    out = []
+    for label, shrink in (("one-row", _one_row), ("odd", _odd)):
+        smaller = shrink(entry, shapes, params)
+        if smaller is not None:
+            out.append(Case(entry.name, label, smaller[0], smaller[1], dtype, target, device))
+    out.append(Case(entry.name, "strided", dict(shapes), dict(params), dtype, target, device, True))
+    return out
+
+
+def _valid(entry: manifest.OpEntry, shapes: dict, params: dict, dtype: torch.dtype) -> bool:
+    specs = [_spec(entry, d, shapes, dtype) for d in entry.inputs]
+    try:
+        entry.check_inputs(specs, entry.init_params(dict(params)))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _spec(entry: manifest.OpEntry, decl: Any, shapes: dict, dtype: torch.dtype) -> Any:
+    shape = shapes.get(decl.name)
+    if shape is None:
+        return None
+    return _Spec(torch.device("meta"), _input_dtype(decl, dtype), tuple(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    device: torch.device
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def _one_row(entry: manifest.OpEntry, shapes: dict, params: dict):
+    first = entry.inputs[0].name
+    shape = shapes.get(first)
+    if not shape or len(shape) < 2:
+        return None
+    candidate = dict(shapes)
+    for name, s in shapes.items():
+        if s is not None and len(s) == len(shape) and s[0] == shape[0]:
+            candidate[name] = (1, *s[1:])
+    if entry.name in (_GQA_FWD, _GQA_DECODE):
+        return None  # their constructor fixes the batch; covered by workloads
+    return (candidate, params) if _valid(entry, candidate, params, torch.float32) else None
+
+
+def _odd(entry: manifest.OpEntry, shapes: dict, params: dict):
+    """Shrink every dim that can become odd (e.g. 4096 -> 37) while the rules still hold."""
+    candidate = {k: (None if v is None else tuple(v)) for k, v in shapes.items()}
+    changed = False
+    for name in list(candidate):
+        shape = candidate[name]
+        if shape is None:
+            continue
+        for axis, size in enumerate(shape):
+            if size <= 8:
+                continue
+            for odd in (37, 19, 9):
+                trial = dict(candidate)
+                trial[name] = shape[:axis] + (odd,) + shape[axis + 1 :]
+                trial = _propagate(shapes, trial, size, odd)
+                trial_params = _propagate_params(params, size, odd)
+                if _valid(entry, trial, trial_params, torch.float32):
+                    candidate, params, shape, changed = trial, trial_params, trial[name], True
+                    break
+    return (candidate, params) if changed else None
+
+
+def _propagate(original: dict, trial: dict, old: int, new: int) -> dict:
+    """Dims equal to the one changed change together (e.g. hidden size in x and weight)."""
+    out = {}
+    for name, shape in trial.items():
+        if shape is None:
+            out[name] = None
+            continue
+        out[name] = tuple(new if s == old else s for s in shape)
+    return out
+
+
+def _propagate_params(params: dict, old: int, new: int) -> dict:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            out[key] = type(value)(new if v == old else v for v in value)
+        else:
+            out[key] = value
+    return out
+
+
+def _input_dtype(decl: Any, dtype: torch.dtype) -> torch.dtype:
+    if decl.same_as is not None or decl.dtypes is None or dtype in decl.dtypes:
+        return dtype
+    return decl.dtypes[-1]  # e.g. position_ids: an integer dtype whatever the data dtype
+
+
+def make_inputs(case: Case, generator: torch.Generator | None = None) -> list[torch.Tensor | None]:
+    """Random inputs for ``case`` that respect each op's value domain."""
+    entry = manifest.entry(case.op)
+    gen = generator or torch.Generator().manual_seed(0)
+    out: list[torch.Tensor | None] = []
+    for decl in entry.inputs:
+        shape = case.shapes.get(decl.name)
+        if shape is None:
+            out.append(None)
+            continue
+        dtype = _input_dtype(decl, case.dtype)
+        if dtype.is_floating_point:
+            t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, shape, generator=gen).bool()
+        else:
+            high = case.params.get("max_position", 100) if decl.name == "position_ids" else 100
+            low = 0 if decl.name == "position_ids" or dtype == torch.uint8 else -100
+            t = torch.randint(low, high, shape, generator=gen, dtype=dtype)
+        if case.op == "ClampFwdOp" and decl.name == "max" and out[1] is not None:
+            t = torch.maximum(t, out[1])  # keep min <= max, as torch.clamp's docs assume
+        out.append(_strided(t) if case.strided and t.ndim >= 2 else t)
+    return [None if t is None else t.to(case.device) for t in out]
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """Same values, non-contiguous layout."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def constructor_args(case: Case) -> dict[str, Any]:
+    """Manifest params plus the constructor-only arguments some ops take (GQA's dims)."""
+    args = dict(case.params)
+    q, k = case.shapes.get("q"), case.shapes.get("k")
+    if case.op == _GQA_FWD:
+        args.update(batch=q[0], seq_len=q[1], heads=q[2], heads_kv=k[2], dim=q[3])
+    elif case.op == _GQA_DECODE:
+        args.update(batch=q[0], heads=q[1], dim=q[2], heads_kv=k[2], seqlen_kv=k[1])
+    return args
+
+
+def check(case: Case) -> None:
+    """Runs ``case`` through the op with ``target=case.target`` and compares it with the
+    reference; raises AssertionError naming the case and the largest error."""
+    from .. import ops as ops_module
+
+    cls = getattr(ops_module, case.op)
+    op = cls(**constructor_args(case), target=case.target)
+    inputs = make_inputs(case)
+    reference_inputs = [None if t is None else t.clone() for t in inputs]
+    entry = manifest.entry(case.op)
+    specs = [None if t is None else _Spec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
+    params = entry.call_params(specs, op.params)
+    expected = references.reference(case.op)(*[_cpu(t) for t in reference_inputs], **params)
+    actual = op(*inputs)
+    _compare(case, actual, expected)
+    # Second call: a memo hit must give the same answer.
+    again = op(*make_inputs(case))
+    _compare(case, again, expected)
+
+
+def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.cpu()
+
+
+def _compare(case: Case, actual: Any, expected: Any) -> None:
+    actual_seq = actual if isinstance(actual, tuple) else (actual,)
+    expected_seq = expected if isinstance(expected, tuple) else (expected,)
+    assert len(actual_seq) == len(expected_seq), f"{case}: {len(actual_seq)} outputs"
+    for got, want in zip(actual_seq, expected_seq):
+        got = got.cpu()
+        assert got.dtype == want.dtype, f"{case}: dtype {got.dtype}, expected {want.dtype}"
+        assert got.shape == want.shape, f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        rtol, atol = references.tolerance(got.dtype)
+        if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True):
+            worst = (got.double() - want.double()).abs().nan_to_num(0).max().item()
+            raise AssertionError(f"{case}: max abs error {worst:.3g} > rtol {rtol}, atol {atol}")
+
+
+def ids(case_list: Sequence[Case]) -> list[str]:
+    return [str(c) for c in case_list]
