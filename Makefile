@@ -22,8 +22,17 @@ $(VENV)/.tileops-installed: $(VENV)/.base $(CSRC)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
-demo: setup
-	$(PY) examples/demo.py
+# The demo runs where both backends are pip-installed (an overlay of the base venv).
+DEMO_VENV := .venv-demo
+BACKEND_SRC := $(shell find backends/example backends/native_cpu -type f -not -path "*/build/*" -not -name "*.pyc")
+
+$(DEMO_VENV)/.installed: $(VENV)/.tileops-installed $(BACKEND_SRC)
+	rm -rf $(DEMO_VENV)
+	tools/overlay_venv.sh $(DEMO_VENV) backends/example backends/native_cpu
+	touch $@
+
+demo: $(DEMO_VENV)/.installed
+	$(DEMO_VENV)/bin/python examples/demo.py
 
 # GoogleTest comes from Debian; install it when missing (CI and dev machines run as root).
 gtest:

@@ -12,7 +12,9 @@ dest=$1; shift
 base_site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -m venv --without-pip "$dest"
 dest_site=$("$dest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$(cd "$base_site" && pwd)" > "$dest_site/_tileops_base.pth"
+# addsitedir (not a bare path) so the base venv's own .pth files run too: that is how
+# its editable tileops install hooks into imports.
+echo "import site; site.addsitedir('$(cd "$base_site" && pwd)')" > "$dest_site/_tileops_base.pth"
 for pkg in "$@"; do
   # Build with the base venv's tools; install into the overlay only.
   "$dest/bin/python" -m pip install -q --no-build-isolation --no-deps -e "$pkg"
