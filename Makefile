@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test test-cpp test-py gtest clean
+.PHONY: setup demo test test-cpp test-py test-native gtest clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -49,7 +49,19 @@ test-cpp: setup gtest
 test-py: setup
 	$(PY) -m pytest -q tests
 
-test: test-cpp test-py
+# The native C++ backend's own suite, where it is the only backend installed.
+NATIVE_TEST_VENV := .venv-test-native
+NATIVE_SRC := $(shell find backends/native_cpu -type f -not -path "*/build/*" -not -name "*.pyc")
+
+$(NATIVE_TEST_VENV)/.installed: $(VENV)/.tileops-installed $(NATIVE_SRC)
+	rm -rf $(NATIVE_TEST_VENV)
+	tools/overlay_venv.sh $(NATIVE_TEST_VENV) backends/native_cpu
+	touch $@
+
+test-native: $(NATIVE_TEST_VENV)/.installed
+	cd backends/native_cpu && ../../$(NATIVE_TEST_VENV)/bin/python -m pytest -q tests
+
+test: test-cpp test-py test-native
 
 clean:
 	rm -rf build $(VENV) .venv-*
