@@ -12,6 +12,7 @@
 #include "kernel_table.h"
 #include "thread_pool.h"
 
+#define TNC_AVX512_BF16_GEMM 1
 namespace tnc::isa_avx512 {
 #include "simd_avx512.h"
 #include "kernels_impl.h"

@@ -672,6 +672,7 @@ template <class T>
 void gemm(const tnc::GemmArgs& g, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const int64_t nc_max = std::min(kNC, (n + kNR - 1) / kNR * kNR);
+  const int64_t mcb = std::clamp<int64_t>((m + 2 * threads - 1) / (2 * threads) + kMR - 1, kMR, kMC) / kMR * kMR;
   float* bpack = scratch(static_cast<size_t>(kKC * nc_max), 2);
   float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
   for (int64_t bi = 0; bi < g.batch; ++bi) {
@@ -703,11 +704,11 @@ void gemm(const tnc::GemmArgs& g, int threads) {
             }
           }
         });
-        const int64_t mblocks = (m + kMC - 1) / kMC;
+        const int64_t mblocks = (m + mcb - 1) / mcb;
         tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
           float* apack = scratch(static_cast<size_t>(kMC * kKC), 1);
           for (int64_t blk = b0; blk < b1; ++blk) {
-            const int64_t ic = blk * kMC, mc = std::min(kMC, m - ic);
+            const int64_t ic = blk * mcb, mc = std::min(mcb, m - ic);
             for (int64_t ir = 0; ir < mc; ir += kMR) {
               float* dst = apack + ir * kc;
               for (int r = 0; r < kMR; ++r) {
@@ -741,6 +742,168 @@ void gemm(const tnc::GemmArgs& g, int threads) {
     }
   }
 }
+
+#if defined(TNC_AVX512_BF16_GEMM)
+// bfloat16 GEMM on AVX512-BF16: vdpbf16ps multiplies pairs of bf16 along K and accumulates
+// in float32, twice the rate of the float32 FMA path. Operands are packed as K-pairs:
+// A as one 32-bit (a[i,k], a[i,k+1]) word per row, B as 32 columns x one pair each.
+constexpr int kMRb = 12;
+constexpr int64_t kKCb = 1024;  // K per block (512 pairs): A micro-panel 24 KB, B panel 64 KB
+constexpr int64_t kNCb = 1024;
+
+inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, const uint16_t* __restrict bp, float* __restrict c,
+                            int64_t ldc, int mr, int nr, bool first) {
+  __m512 acc0[kMRb], acc1[kMRb];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMRb; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < kp_count; ++kp) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + kp * 64);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + kp * 64 + 32);
+    const uint32_t* ak = ap + kp * kMRb;
+#pragma GCC unroll 16
+    for (int r = 0; r < kMRb; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ak[r]));
+      // the broadcast operand last, so it can fold into the instruction as {1to16}
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], b0, av);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], b1, av);
+    }
+  }
+  if (mr == kMRb && nr == 32) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kMRb; ++r) {
+      float* row = c + r * ldc;
+      if (first) {
+        _mm512_storeu_ps(row, acc0[r]);
+        _mm512_storeu_ps(row + 16, acc1[r]);
+      } else {
+        _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), acc0[r]));
+        _mm512_storeu_ps(row + 16, _mm512_add_ps(_mm512_loadu_ps(row + 16), acc1[r]));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[kMRb * 32];
+  for (int r = 0; r < kMRb; ++r) {
+    _mm512_store_ps(tile + r * 32, acc0[r]);
+    _mm512_store_ps(tile + r * 32 + 16, acc1[r]);
+  }
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
+}
+
+inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  if (k == 0) {
+    gemm<bf16_t>(g, threads);
+    return;
+  }
+  const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
+  // row blocks: enough for every thread to have a few, at most 8 micro-tiles tall
+  const int64_t mc = std::clamp<int64_t>((m + 2 * threads - 1) / (2 * threads) + kMRb - 1, kMRb, 8 * kMRb) / kMRb * kMRb;
+  const int64_t kcp_max = (std::min(kKCb, k) + 1) / 2;
+  uint16_t* bpack = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp_max * nc_max), 2));
+  float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
+  auto bits = [](const bf16_t* p, int64_t i) { return p[i].bits; };
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
+    const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
+    bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
+    for (int64_t jc = 0; jc < n; jc += kNCb) {
+      const int64_t nc = std::min(kNCb, n - jc);
+      const int64_t panels = (nc + 31) / 32;
+      for (int64_t pc = 0; pc < k; pc += kKCb) {
+        const int64_t kc = std::min(kKCb, k - pc), kcp = (kc + 1) / 2;
+        const bool first = pc == 0, last = pc + kc >= k;
+        tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) {
+            uint16_t* dst = bpack + p * kcp * 64;
+            const int64_t col0 = jc + p * 32;
+            const bool full = col0 + 32 <= jc + nc && kc % 2 == 0;
+            if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
+              const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+              const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
+                const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
+                _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+                _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+              }
+              continue;
+            }
+            if (full && g.b_row == 1 && g.b_col < (int64_t{1} << 26)) {
+              // columns of B contiguous along K: each pair is one 32-bit word; gather the
+              // same pair from 16 columns at once (strided scalar copies were latency-bound)
+              const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                     _mm512_set1_epi32(static_cast<int>(g.b_col)));
+              const bf16_t* base0 = B + col0 * g.b_col + pc;
+              const bf16_t* base1 = base0 + 16 * g.b_col;
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                _mm512_storeu_si512(dst + kp * 64, _mm512_i32gather_epi32(idx, base0 + 2 * kp, 2));
+                _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_i32gather_epi32(idx, base1 + 2 * kp, 2));
+              }
+              continue;
+            }
+            for (int64_t j = 0; j < 32; ++j) {
+              const int64_t col = col0 + j;
+              const bool live = col < jc + nc;
+              const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                const int64_t kk = 2 * kp;
+                dst[kp * 64 + 2 * j] = live ? bits(src, kk * g.b_row) : 0;
+                dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? bits(src, (kk + 1) * g.b_row) : 0;
+              }
+            }
+          }
+        });
+        const int64_t mblocks = (m + mc - 1) / mc;
+        tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
+          uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(8 * kMRb * kcp_max), 1));
+          for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
+            for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+              uint32_t* dst = apack + ir * kcp;
+              for (int r = 0; r < kMRb; ++r) {
+                const int64_t row = ic + ir + r;
+                if (row >= m) {
+                  for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
+                  continue;
+                }
+                const bf16_t* src = A + row * g.a_row + pc * g.a_col;
+                if (g.a_col == 1 && kc % 2 == 0) {
+                  for (int64_t kp = 0; kp < kcp; ++kp) std::memcpy(dst + kp * kMRb + r, src + 2 * kp, 4);
+                  continue;
+                }
+                for (int64_t kp = 0; kp < kcp; ++kp) {
+                  const int64_t kk = 2 * kp;
+                  const uint32_t lo = bits(src, kk * g.a_col);
+                  const uint32_t hi = kk + 1 < kc ? bits(src, (kk + 1) * g.a_col) : 0u;
+                  dst[kp * kMRb + r] = lo | (hi << 16);
+                }
+              }
+            }
+            for (int64_t p = 0; p < panels; ++p) {
+              const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
+              for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+                const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
+                micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
+                                first);
+              }
+            }
+            if (last) {
+              for (int64_t i = ic; i < ic + mcur; ++i) {
+                const float* crow = cacc + i * nc_max;
+                bf16_t* drow = D + i * n + jc;
+                for (int64_t j = 0; j < nc; j += W) storec(drow + j, loadc(crow + j, nc - j), nc - j);
+              }
+            }
+          }
+        });
+      }
+    }
+  }
+}
+#endif
 
 // ---------------------------------------------------------------------------------------
 // attention: blocked online softmax in float32
@@ -1009,6 +1172,9 @@ inline tnc::Table make_table() {
   TNC_FILL3(attention, attention);
   TNC_FILL3(attention_decode, attention_decode);
 #undef TNC_FILL3
+#if defined(TNC_AVX512_BF16_GEMM)
+  t.gemm[2] = gemm_bf16_dot;
+#endif
   t.binary[0] = binary_float<float>;
   t.binary[1] = binary_float<half_t>;
   t.binary[2] = binary_float<bf16_t>;

@@ -1,0 +1,122 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import close, run, spec
+from tileops_native_cpu import builders as b
+
+
+@pytest.fixture
+def fallback(native):
+    native.force_fallback(True)
+    yield native
+    native.force_fallback(False)
+
+
+def test_the_exchange_api_is_used_when_torch_offers_it(native):
+    assert native.uses_exchange_api() == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
+def test_kernels_give_the_same_results_through_the_dlpack_method_and_torch_empty_fallback(fallback):
+    assert not fallback.uses_exchange_api()
+    x, w = torch.randn(5, 96, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
+    out = run(b.build_rms_norm, x, w, normalized_shape=(96,), eps=1e-6)
+    close(out, torch.nn.functional.rms_norm(x, (96,), w, 1e-6))
+    r = torch.randn(5, 96, dtype=torch.bfloat16)
+    out, res = run(b.build_fused_add_rms_norm, x, r, w, eps=1e-6)
+    assert torch.equal(res, x + r)
+    i, j = torch.randint(-9, 9, (4, 1), dtype=torch.int16), torch.randint(-9, 9, (3,), dtype=torch.int16)
+    assert torch.equal(run(b.build_add, i, j, alpha=2), torch.add(i, j, alpha=2))
+    assert run(b.build_sum, torch.ones(3, 4), dim=(1,), keepdim=True).shape == (3, 1)
+
+
+def test_a_kernel_refuses_a_strided_tensor_asking_for_contiguous():
+    x = torch.randn(8, 64).T
+    kernel = b.build_relu(spec(x), inplace=False)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernel(x)
+
+
+def test_a_kernel_refuses_a_tensor_of_another_dtype_than_it_was_built_for():
+    x = torch.randn(8, 64)
+    kernel = b.build_relu(spec(x), inplace=False)
+    with pytest.raises(TypeError, match="built for float32; got input of dtype bfloat16"):
+        kernel(x.bfloat16())
+
+
+def test_a_kernel_is_sized_to_torchs_thread_count_when_built():
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = b.build_silu(spec(torch.empty(4)), inplace=False)
+        torch.set_num_threads(2)
+        two = b.build_silu(spec(torch.empty(4)), inplace=False)
+    finally:
+        torch.set_num_threads(old)
+    assert (one.threads, two.threads) == (1, 2)
+
+
+def test_a_builder_refuses_tensors_on_another_device():
+    s = spec(torch.empty(2, 8))._replace(device=torch.device("meta"))
+    with pytest.raises(ValueError, match="x on meta"):
+        b.build_softmax(s, dim=-1)
+
+
+SMOKE = textwrap.dedent(
+    """
+    import torch, torch.nn.functional as F
+    from tileops_native_cpu import builders as b
+    from conftest import run, close
+    assert b.native().isa() == "{isa}", b.native().isa()
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        x = torch.randn(7, 45, dtype=dt) * 3
+        w = torch.randn(45, dtype=dt)
+        close(run(b.build_rms_norm, x, w, normalized_shape=(45,), eps=1e-6), F.rms_norm(x.float(), (45,), w.float(), 1e-6).to(dt))
+        close(run(b.build_softmax, x, dim=-1), torch.softmax(x.float(), -1).to(dt))
+        close(run(b.build_gelu, x, approximate="none"), F.gelu(x.float()).to(dt))
+        close(run(b.build_sum, x, dim=(0,), keepdim=False), x.float().sum(0).to(dt), scale=2)
+        a = torch.randn(19, 40, dtype=dt)
+        close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
+        q = torch.randn(1, 20, 4, 16, dtype=dt); k = torch.randn(1, 20, 2, 16, dtype=dt)
+        out = run(b.build_gqa, q, k, k, is_causal=True)
+        assert out.shape == q.shape and torch.isfinite(out.float()).all()
+    print("ok")
+    """
+)
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2"])
+def test_the_portable_and_avx2_builds_compute_the_same_results(isa):
+    if isa == "avx2" and b.native().isa() == "baseline":
+        pytest.skip("this CPU has no AVX2")
+    env = dict(os.environ, TILEOPS_NATIVE_CPU_ISA=isa)
+    here = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, "-c", SMOKE.format(isa=isa)], cwd=here, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_importing_the_package_registers_every_op_and_compiles_nothing():
+    code = textwrap.dedent(
+        """
+        import sys
+        try:
+            import tileops.backend as tb
+            tb.register_detector
+        except (ImportError, AttributeError):
+            print("skip"); raise SystemExit
+        import tileops_native_cpu
+        assert "tileops_native_cpu._C" not in sys.modules
+        from tileops_native_cpu.builders import BUILDERS
+        missing = [op for op in BUILDERS if "native_cpu" not in tb.registered_targets(op)]
+        assert not missing and len(BUILDERS) == 22, missing
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.stdout.strip() == "skip":
+        pytest.skip("tileops.backend is not importable here")
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -1,0 +1,285 @@
+"""native_cpu kernels vs torch eager and torch.compile (inductor), side by side.
+
+    .venv-native/bin/python benchmarks/native_cpu.py            # every op, ~3 minutes on 2 cores
+    .venv-native/bin/python benchmarks/native_cpu.py --no-compile --only RMSNorm,Softmax
+
+Each case is timed as: eager, compiled, native, interleaved over several rounds; a sample is
+the mean of enough calls to last ~15 ms, and the reported time is the median sample.
+Workloads are the manifest's, scaled to a CPU where they would take seconds. GB/s uses the
+manifest's roofline bytes; memory-bound ops are also shown as a share of the machine's copy
+bandwidth (torch's own multi-threaded copy of a 64 MiB buffer, read + write counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from tileops_native_cpu import builders as nb
+
+
+class Spec(NamedTuple):
+    device: torch.device
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def spec(t: torch.Tensor | None) -> Spec | None:
+    return None if t is None else Spec(t.device, t.dtype, tuple(t.shape))
+
+
+@dataclass
+class Case:
+    op: str
+    label: str
+    inputs: list[Any]
+    eager: Callable[..., Any]
+    build: Callable[..., Any]
+    params: dict[str, Any] = field(default_factory=dict)
+    bytes: float = 0.0  # roofline bytes; 0 for compute-bound cases
+    flops: float = 0.0
+    target_eager: float = 1.0
+    target_compile: float = 1.0
+    memory_bound: bool = True
+
+
+def time_one(fn: Callable[[], Any], budget_s: float = 0.015) -> float:
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    iters = max(1, min(2000, int(budget_s / once)))
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(16 * 1024 * 1024, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    samples = [time_one(lambda: dst.copy_(src), 0.05) for _ in range(5)]
+    return 2 * src.numel() * 4 / statistics.median(samples) / 1e9
+
+
+def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
+    half = dim // 2
+    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.outer(torch.arange(seq, dtype=torch.float32), freqs)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def rope_eager(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c = torch.cat([cos, cos], -1)
+    s = torch.cat([sin, sin], -1)
+    return x * c + torch.cat([-x2, x1], -1) * s
+
+
+def cases() -> list[Case]:
+    bf, fp = torch.bfloat16, torch.float16
+    r = torch.randn
+    out: list[Case] = []
+    eb = 2
+
+    def add(*a, **k):
+        out.append(Case(*a, **k))
+
+    M, N = 2048, 4096
+    x, w = r(M, N, dtype=bf), r(N, dtype=bf)
+    add("RMSNorm", f"[{M},{N}] bf16", [x, w], lambda x, w: F.rms_norm(x, (N,), w, 1e-6), nb.build_rms_norm,
+        dict(normalized_shape=(N,), eps=1e-6), bytes=(2 * M * N + N) * eb, target_eager=3)
+    x1, w1 = r(1, N, dtype=bf), w
+    add("RMSNorm", f"[1,{N}] bf16 (decode)", [x1, w1], lambda x, w: F.rms_norm(x, (N,), w, 1e-6), nb.build_rms_norm,
+        dict(normalized_shape=(N,), eps=1e-6), bytes=(2 * N + N) * eb, target_eager=3, memory_bound=False)
+    res = r(M, N, dtype=bf)
+
+    def fused_eager(x, res, w):
+        s = x + res
+        return F.rms_norm(s, (N,), w, 1e-6), s
+
+    add("FusedAddRMSNorm", f"[{M},{N}] bf16", [x, res, w], fused_eager, nb.build_fused_add_rms_norm, dict(eps=1e-6),
+        bytes=(4 * M * N + N) * eb, target_eager=3)
+    bias = r(N, dtype=bf)
+    add("LayerNorm", f"[{M},{N}] bf16", [x, w, bias], lambda x, w, b: F.layer_norm(x, (N,), w, b, 1e-5), nb.build_layer_norm,
+        dict(normalized_shape=(N,), eps=1e-5), bytes=(2 * M * N + 2 * N) * eb, target_eager=1.2)
+    g = r(8, 128, 32, 32, dtype=bf)
+    gw, gb = r(128, dtype=bf), r(128, dtype=bf)
+    add("GroupNorm", "[8,128,32,32] g32 affine bf16", [g, gw, gb], lambda x, w, b: F.group_norm(x, 32, w, b, 1e-5),
+        nb.build_group_norm, dict(num_groups=32, eps=1e-5), bytes=(2 * g.numel() + 256) * eb)
+    s = r(32, 32, 4096, dtype=bf)
+    add("Softmax", "[32,32,4096] bf16", [s], lambda x: torch.softmax(x, -1), nb.build_softmax, dict(dim=-1),
+        bytes=2 * s.numel() * eb, target_eager=1.2)
+    s32 = r(32, 32, 4096)
+    add("Softmax", "[32,32,4096] fp32", [s32], lambda x: torch.softmax(x, -1), nb.build_softmax, dict(dim=-1),
+        bytes=2 * s32.numel() * 4, target_eager=1.2)
+    lm = r(4, 102400, dtype=bf)
+    add("Softmax", "[4,102400] bf16", [lm], lambda x: torch.softmax(x, -1), nb.build_softmax, dict(dim=-1),
+        bytes=2 * lm.numel() * eb, target_eager=1.2)
+    add("LogSoftmax", "[32,32,4096] bf16", [s], lambda x: torch.log_softmax(x, -1), nb.build_log_softmax, dict(dim=-1),
+        bytes=2 * s.numel() * eb)
+    add("Sum", f"[{M},{N}] bf16 dim=-1", [x], lambda x: x.sum(-1), nb.build_sum, dict(dim=(1,), keepdim=False),
+        bytes=(M * N + M) * eb)
+    add("Sum", f"[{M},{N}] bf16 dim=0", [x], lambda x: x.sum(0), nb.build_sum, dict(dim=(0,), keepdim=False),
+        bytes=(M * N + N) * eb)
+    x3 = r(4, 128, 4096, dtype=fp)
+    add("Mean", "[4,128,4096] fp16 dim=[0,2]", [x3], lambda x: x.mean((0, 2)), nb.build_mean, dict(dim=(0, 2), keepdim=False),
+        bytes=(x3.numel() + 128) * eb)
+    add("Amax", f"[{M},{N}] bf16 dim=-1", [x], lambda x: x.amax(-1), nb.build_amax, dict(dim=(1,), keepdim=False),
+        bytes=(M * N + M) * eb)
+    a, bb = r(1024, 1024, dtype=bf), r(1024, 1024, dtype=bf)
+    add("Gemm", "1024^3 NN bf16", [a, bb], lambda a, b: torch.matmul(a, b), nb.build_gemm, dict(trans_a=False, trans_b=False),
+        flops=2 * 1024**3, memory_bound=False)
+    # torch's fp16 matmul on this CPU takes ~2 s at 1024^3, so this one is smaller
+    a16, b16 = r(256, 512, dtype=fp), r(512, 512, dtype=fp)
+    add("Gemm", "m256 n512 k512 NN fp16", [a16, b16], lambda a, b: torch.matmul(a, b), nb.build_gemm,
+        dict(trans_a=False, trans_b=False), flops=2 * 256 * 512 * 512, memory_bound=False)
+    ad, bd = r(128, 7168, dtype=bf), r(2112, 7168, dtype=bf)
+    add("Gemm", "m128 n2112 k7168 NT bf16", [ad, bd], lambda a, b: torch.matmul(a, b.T), nb.build_gemm,
+        dict(trans_a=False, trans_b=True), flops=2 * 128 * 2112 * 7168, memory_bound=False)
+    ba, bb2 = r(64, 128, 128, dtype=bf), r(64, 128, 2048, dtype=bf)
+    add("Bmm", "b64 m128 n2048 k128 bf16", [ba, bb2], torch.bmm, nb.build_bmm, {}, flops=2 * 64 * 128 * 2048 * 128,
+        memory_bound=False)
+    y = r(M, N, dtype=bf)
+    add("Add", f"[{M},{N}] bf16", [x, y], lambda a, b: torch.add(a, b), nb.build_add, dict(alpha=1), bytes=3 * M * N * eb)
+    big, small = r(16, 256, 56, 56, dtype=bf), r(256, 1, 1, dtype=bf)
+    add("Add", "[16,256,56,56]+[256,1,1] bf16", [big, small], lambda a, b: torch.add(a, b), nb.build_add, dict(alpha=1),
+        bytes=(2 * big.numel() + 256) * eb)
+    add("Mul", f"[{M},{N}] bf16", [x, y], torch.mul, nb.build_mul, {}, bytes=3 * M * N * eb)
+    xa = r(512, 14336, dtype=bf)
+    add("Silu", "[512,14336] bf16", [xa], F.silu, nb.build_silu, dict(inplace=False), bytes=2 * xa.numel() * eb)
+    add("Gelu", "[512,14336] bf16", [xa], F.gelu, nb.build_gelu, dict(approximate="none"), bytes=2 * xa.numel() * eb)
+    add("Relu", f"[{M},{N}] bf16", [x], F.relu, nb.build_relu, dict(inplace=False), bytes=2 * M * N * eb)
+    xg = r(512, 28672, dtype=bf)
+
+    def silu_mul(x):
+        gate, value = x.chunk(2, -1)
+        return F.silu(gate) * value
+
+    add("SiluAndMul", "[512,28672] bf16", [xg], silu_mul, nb.build_silu_and_mul, {}, bytes=3 * 512 * 14336 * eb, target_eager=3)
+    lo, hi = r(M, N, dtype=bf) - 1, r(M, N, dtype=bf) + 1
+    add("Clamp", f"[{M},{N}] bf16 min+max", [x, lo, hi], torch.clamp, nb.build_clamp, {}, bytes=4 * M * N * eb)
+    xr = r(4096, 128, dtype=bf)
+    c1, s1 = rope_tables(4096, 128, bf)
+    add("RopeNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_eager(x, c1, s1), nb.build_rope_neox,
+        dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=3)
+    x2 = r(2, 2048, 32, 128, dtype=fp)
+    c2, s2 = rope_tables(2048, 128, fp)
+    add("RopeNeox", "2d [2,2048,32,128] fp16", [x2], lambda x: rope_eager(x, c2[:, None], s2[:, None]), nb.build_rope_neox,
+        dict(layout="2d", base=10000.0), bytes=(2 * x2.numel() + 2048 * 64 * 2) * eb, target_eager=3)
+    xp = r(2048, 32, 128, dtype=bf)
+    pos = torch.randint(0, 8192, (2048,))
+    cp, sp = rope_tables(8192, 128, bf)
+
+    def rope_pos_eager(x, p):
+        return rope_eager(x, cp[p][:, None], sp[p][:, None])
+
+    add("RopeNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], rope_pos_eager, nb.build_rope_neox_position_ids,
+        dict(max_position=8192, base=10000.0, rotary_dim=128), bytes=2 * xp.numel() * eb, target_eager=3)
+    q, k, v = r(1, 512, 32, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf)
+
+    def gqa_eager(q, k, v):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        return o.transpose(1, 2).contiguous()
+
+    add("GQA fwd", "q[1,512,32,128] kv8 causal bf16", [q, k, v], gqa_eager, nb.build_gqa, dict(is_causal=True),
+        flops=4 * 32 * 512 * 512 * 128 / 2, memory_bound=False)
+    qd, kd, vd = r(8, 32, 128, dtype=bf), r(8, 4096, 8, 128, dtype=bf), r(8, 4096, 8, 128, dtype=bf)
+
+    def decode_eager(q, k, v):
+        o = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+        return o[:, :, 0]
+
+    add("GQA decode", "q[8,32,128] kv[8,4096,8,128] bf16", [qd, kd, vd], decode_eager, nb.build_gqa_decode, {},
+        bytes=(2 * qd.numel() + 2 * kd.numel()) * eb)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (saves most of the run time)")
+    ap.add_argument("--only", default="", help="comma-separated op names")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads for both sides (0: leave torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    bw = copy_bandwidth()
+    native = nb.native()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, native_cpu ISA {native.isa()}, "
+          f"DLPack exchange API {native.uses_exchange_api()}")
+    print(f"copy bandwidth (torch copy_ of 64 MiB, read+write): {bw:.1f} GB/s\n")
+    hdr = (f"{'op':<20} {'workload':<34} {'eager ms':>9} {'compile ms':>10} {'native ms':>9} {'x eager':>8} {'x comp':>7} "
+           f"{'GB/s|GF/s':>9} {'%copy':>6}  targets")
+    print(hdr)
+    print("-" * len(hdr))
+    misses = []
+    for case in cases():
+        if only and case.op not in only:
+            continue
+        kernel = case.build(*(spec(t) for t in case.inputs), **case.params)
+        ins = case.inputs
+        ours = lambda: kernel(*ins)  # noqa: E731
+        eager = lambda: case.eager(*ins)  # noqa: E731
+        compiled = None
+        if not args.no_compile:
+            try:
+                cfn = torch.compile(case.eager, dynamic=False)
+                cfn(*ins)
+                compiled = lambda: cfn(*ins)  # noqa: E731
+            except Exception as e:  # noqa: BLE001
+                print(f"  (torch.compile failed for {case.op}: {type(e).__name__})")
+        # check agreement once, loosely: this is a benchmark, the tests hold the tolerances
+        got, ref = ours(), eager()
+        got0 = got[0] if isinstance(got, tuple) else got
+        ref0 = ref[0] if isinstance(ref, tuple) else ref
+        err = (got0.float() - ref0.float()).abs().max().item() / max(1.0, ref0.float().abs().max().item())
+        t_e, t_c, t_n = [], [], []
+        for _ in range(args.rounds):
+            t_e.append(time_one(eager))
+            if compiled:
+                t_c.append(time_one(compiled))
+            t_n.append(time_one(ours))
+        e, n = statistics.median(t_e), statistics.median(t_n)
+        c = statistics.median(t_c) if t_c else math.nan
+        xe, xc = e / n, (c / n if t_c else math.nan)
+        if case.bytes and case.memory_bound:
+            rate, share = case.bytes / n / 1e9, case.bytes / n / 1e9 / bw * 100
+            rate_s, share_s = f"{rate:8.1f}B", f"{share:5.0f}%"
+        elif case.flops:
+            rate_s, share_s = f"{case.flops / n / 1e9:8.1f}F", "     -"
+        else:
+            rate_s, share_s = f"{case.bytes / n / 1e9:8.1f}B", "     -"
+        goals = []
+        ok_e = xe >= case.target_eager
+        goals.append(f"eager>={case.target_eager:g}x {'ok' if ok_e else 'MISS'}")
+        if t_c:
+            ok_c = xc >= case.target_compile
+            goals.append(f"compile>=1x {'ok' if ok_c else 'MISS'}")
+        if case.memory_bound and case.bytes:
+            goals.append(f"bw>=70% {'ok' if case.bytes / n / 1e9 >= 0.7 * bw else 'MISS'}")
+        if err > 0.05:
+            goals.append(f"VALUE MISMATCH {err:.3g}")
+        line = (f"{case.op:<20} {case.label:<34} {e * 1e3:9.3f} {c * 1e3:10.3f} {n * 1e3:9.3f} {xe:8.2f} {xc:7.2f} "
+                f"{rate_s:>9} {share_s:>6}  {', '.join(goals)}")
+        print(line, flush=True)
+        if "MISS" in line or "MISMATCH" in line:
+            misses.append(f"{case.op} {case.label}")
+    print(f"\n{len(misses)} case(s) miss a target" + (": " + "; ".join(misses) if misses else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
