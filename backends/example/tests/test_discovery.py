@@ -38,7 +38,9 @@ def test_the_target_is_registered_without_anyone_importing_tileops_cpu():
         "targets = backend.registered_targets()\n"
         "print(before, targets, 'tileops_cpu' in sys.modules)\n"
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[0] == "False ['torch_cpu'] True"
 
@@ -50,7 +52,9 @@ def test_the_first_op_construction_runs_discovery_in_a_fresh_interpreter():
         "op = RMSNormFwdOp(normalized_shape=(8,))\n"
         "import sys; print('tileops_cpu' in sys.modules)\n"
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
 

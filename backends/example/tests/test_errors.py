@@ -4,9 +4,9 @@ situation it names. None of them falls back to another implementation."""
 from __future__ import annotations
 
 import pytest
+import tileops_cpu
 import torch
 
-import tileops_cpu
 from tileops.backend import (
     BUILTIN,
     BackendError,

@@ -4,12 +4,12 @@ input signature, per op instance, in a bounded table."""
 from __future__ import annotations
 
 import pytest
+import tileops_cpu
 import torch
+from tileops_cpu.kernels import CpuGemm, CpuGemv, CpuRMSNorm
 
 import tileops
-import tileops_cpu
 from tileops.ops import GemmFwdOp, RMSNormFwdOp
-from tileops_cpu.kernels import CpuGemm, CpuGemv, CpuRMSNorm
 
 CPU = torch.device("cpu")
 
@@ -118,7 +118,7 @@ def test_gemm_and_gemv_signatures_are_memoized_separately():
     for _ in range(2):
         op(_randn(1, 16), b)
         op(_randn(4, 16), b)
-    kernels = [k for role in ("gemm_kernel", "gemv_kernel") for k in op.built_kernels(role).values()]
+    kernels = [*op.built_kernels("gemm_kernel").values(), *op.built_kernels("gemv_kernel").values()]
     assert sorted(type(k).__name__ for k in kernels) == ["CpuGemm", "CpuGemv"]
     assert all(isinstance(k, (CpuGemm, CpuGemv)) for k in kernels)
     assert op.kernel_cache_stats()["builds"] == 2

@@ -4,12 +4,12 @@ same numbers as PyTorch, the manifest's checks in front, fresh outputs behind.""
 from __future__ import annotations
 
 import pytest
+import tileops_cpu
 import torch
 import torch.nn.functional as F
-
-import tileops_cpu
-from tileops.ops import GemmFwdOp, RMSNormFwdOp
 from tileops_cpu.kernels import CpuGemm, CpuGemv, CpuRMSNorm
+
+from tileops.ops import GemmFwdOp, RMSNormFwdOp
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 
@@ -57,7 +57,10 @@ def test_the_design_page_command_returns_normally_once_installed():
 def test_rms_norm_equals_torch_rms_norm_bit_for_bit(dtype, x_shape, normalized_shape, eps):
     x = _randn(*x_shape, dtype=dtype)
     weight = _randn(*normalized_shape, dtype=dtype)
-    op = RMSNormFwdOp(normalized_shape, eps=eps) if eps is not None else RMSNormFwdOp(normalized_shape)
+    if eps is None:
+        op = RMSNormFwdOp(normalized_shape)  # the manifest default: 1e-6
+    else:
+        op = RMSNormFwdOp(normalized_shape, eps=eps)
     expected = F.rms_norm(x, normalized_shape, weight, eps=1e-6 if eps is None else eps)
     y = op(x, weight)
     assert y.dtype == dtype and y.shape == x.shape

@@ -35,7 +35,10 @@ class CpuRMSNorm:
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
     def __repr__(self) -> str:
-        return f"CpuRMSNorm(normalized_shape={self.normalized_shape}, eps={self.eps}, dtype={self.dtype})"
+        return (
+            f"CpuRMSNorm(normalized_shape={self.normalized_shape}, eps={self.eps}, "
+            f"dtype={self.dtype})"
+        )
 
 
 def _operands(
