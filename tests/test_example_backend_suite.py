@@ -31,35 +31,7 @@ def make_overlay(dest: Path, *packages: Path) -> Path:
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert made.returncode == 0, f"overlay_venv.sh failed:\n{made.stdout}\n{made.stderr}"
-    python = dest / "bin" / "python"
-    _let_the_overlay_import_an_editable_tileops(python)
-    return python
-
-
-def _let_the_overlay_import_an_editable_tileops(python: Path) -> None:
-    # overlay_venv.sh puts the base site-packages on sys.path with a plain path line in a
-    # .pth file; Python does not process the .pth files of a directory added that way, so
-    # the import hook of an editable tileops (scikit-build-core's _editable_skbc_*.pth)
-    # never runs and `import tileops.ops` fails. Reported; until the script is fixed,
-    # add the base site as a real site directory. A no-op once the script does that.
-    probe = subprocess.run([str(python), "-c", "import tileops.ops"], capture_output=True)
-    if probe.returncode == 0:
-        return
-    base_site = subprocess.run(
-        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    site_dir = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    Path(site_dir, "_tileops_base_site.pth").write_text(
-        f"import site; site.addsitedir({base_site!r})\n"
-    )
-    again = subprocess.run(
-        [str(python), "-c", "import tileops.ops"], capture_output=True, text=True
-    )
-    assert again.returncode == 0, again.stderr
+    return dest / "bin" / "python"
 
 
 @pytest.mark.subprocess
