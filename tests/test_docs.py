@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_example_backend_suite import make_overlay  # the overlay venv helper (same folder)
+from _overlay import make_overlay  # the overlay venv helper (same folder)
 
 from tileops import cli
 

@@ -16,22 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _overlay import make_overlay  # tests/ is on sys.path (pytest rootdir import mode)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "backends" / "example"
-
-
-def make_overlay(dest: Path, *packages: Path) -> Path:
-    """An overlay venv at ``dest`` over this interpreter's venv with ``packages`` installed
-    (editable); returns its python."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["BASE_VENV"] = sys.prefix
-    made = subprocess.run(
-        ["bash", str(REPO / "tools" / "overlay_venv.sh"), str(dest), *map(str, packages)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert made.returncode == 0, f"overlay_venv.sh failed:\n{made.stdout}\n{made.stderr}"
-    return dest / "bin" / "python"
 
 
 @pytest.mark.subprocess

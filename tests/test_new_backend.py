@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_example_backend_suite import make_overlay  # the overlay venv helper (same folder)
+from _overlay import make_overlay  # the overlay venv helper (same folder)
 
 from tileops import cli, manifest
 
