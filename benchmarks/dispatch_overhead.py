@@ -60,15 +60,22 @@ def main() -> None:
     med = {name: statistics.median(values) for name, values in rows.items()}
     overhead = med["op"] - med["kernel"]
 
-    print(f"tileops {tileops.__version__}, torch {torch.__version__}, "
-          f"DLPack exchange: {tileops.ops._runtime.USES_DLPACK_EXCHANGE}")
+    print(
+        f"tileops {tileops.__version__}, torch {torch.__version__}, "
+        f"DLPack exchange: {tileops.ops._runtime.USES_DLPACK_EXCHANGE}"
+    )
     print(f"{'call':<12}{'median ns':>12}")
     for name, value in med.items():
         print(f"{name:<12}{value:>12.0f}")
-    print(f"op-layer overhead on a memo hit: {overhead:.0f} ns "
-          f"(target <= 500 ns: {'met' if overhead <= 500 else 'MISSED'})")
+    print(
+        f"op-layer overhead on a memo hit: {overhead:.0f} ns "
+        f"(target <= 500 ns: {'met' if overhead <= 500 else 'MISSED'})"
+    )
     ratio = overhead / med["torch.add"]
-    print(f"overhead / torch.add: {ratio:.2f}x (target <= 0.5x: {'met' if ratio <= 0.5 else 'MISSED'})")
+    print(
+        f"overhead / torch.add: {ratio:.2f}x "
+        f"(target <= 0.5x: {'met' if ratio <= 0.5 else 'MISSED'})"
+    )
     print(f"op / torch.add: {med['op'] / med['torch.add']:.2f}x")
 
 

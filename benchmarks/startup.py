@@ -41,14 +41,20 @@ def main() -> None:
     args = parser.parse_args()
     samples = []
     for _ in range(args.runs):
-        out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+        )
         samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"interpreter: {sys.executable}; backends discovered: {samples[0]['targets']}")
     targets = {"tileops": 0.050, "first op (with discovery)": 0.030}
     for key in ("torch", "tileops", "tileops.ops", "first op (with discovery)"):
         ms = statistics.median(s[key] for s in samples) * 1e3
         goal = targets.get(key)
-        verdict = "" if goal is None else f"  (target <= {goal * 1e3:.0f} ms: {'met' if ms <= goal * 1e3 else 'MISSED'})"
+        verdict = (
+            ""
+            if goal is None
+            else f"  (target <= {goal * 1e3:.0f} ms: {'met' if ms <= goal * 1e3 else 'MISSED'})"
+        )
         print(f"{key:<28}{ms:8.1f} ms{verdict}")
 
 

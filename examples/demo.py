@@ -33,7 +33,10 @@ def section(title: str) -> None:
 
 
 def main() -> None:
-    print(f"tileops {tileops.__version__} on torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"tileops {tileops.__version__} on torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
     section("1. Discovery: installed backends register themselves")
     x = torch.randn(8, 4096, dtype=torch.bfloat16)
@@ -72,8 +75,10 @@ def main() -> None:
         timings[name] = steps / (time.perf_counter() - start)
         print(f"{name:<20} {timings[name]:8.1f} tokens/s")
     diff = (outputs["tileops/native_cpu"].float() - outputs["torch eager"].float()).abs().max()
-    print(f"speed-up {timings['tileops/native_cpu'] / timings['torch eager']:.2f}x; "
-          f"max |difference| over {steps} tokens: {diff.item():.2e}")
+    print(
+        f"speed-up {timings['tileops/native_cpu'] / timings['torch eager']:.2f}x; "
+        f"max |difference| over {steps} tokens: {diff.item():.2e}"
+    )
 
     section("5. target=BUILTIN: the in-tree kernels are CUDA kernels")
     try:

@@ -97,7 +97,9 @@ class TileopsDecoder:
             o = self.attn(q, cache.k[layer, :, :length], cache.v[layer, :, :length])
             x = self.add(x, self.linear(o.reshape(1, -1), w["wo"]))
             h = self.norm(x, w["mlp_norm"])
-            x = self.add(x, self.linear(self.silu_and_mul(self.linear(h, w["wgate_up"])), w["wdown"]))
+            x = self.add(
+                x, self.linear(self.silu_and_mul(self.linear(h, w["wgate_up"])), w["wdown"])
+            )
         return x
 
 

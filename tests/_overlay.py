@@ -17,7 +17,11 @@ def make_overlay(dest: Path, *packages: Path) -> Path:
     env["BASE_VENV"] = sys.prefix
     made = subprocess.run(
         ["bash", str(REPO / "tools" / "overlay_venv.sh"), str(dest), *map(str, packages)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert made.returncode == 0, f"overlay_venv.sh failed:\n{made.stdout}\n{made.stderr}"
     return dest / "bin" / "python"

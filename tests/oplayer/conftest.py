@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 import tileops
 from tileops.backend import discovery
 from tileops.testing.fakes import RecordingTarget

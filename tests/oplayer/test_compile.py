@@ -31,7 +31,8 @@ def op_and_inputs(cls):
 
 def tileops_calls(graph: torch.fx.Graph) -> list[str]:
     return [
-        str(node.target) for node in graph.nodes
+        str(node.target)
+        for node in graph.nodes
         if node.op == "call_function" and str(node.target).startswith("tileops.")
     ]
 
@@ -48,8 +49,10 @@ def test_fullgraph_compile_over_every_op_matches_eager(cls, cpu_target):
     expected = op(*[None if t is None else t.clone() for t in inputs])
     compiled = torch.compile(lambda *xs: op(*xs), fullgraph=True, backend="aot_eager")
     got = compiled(*[None if t is None else t.clone() for t in inputs])
-    for a, b in zip(got if isinstance(got, tuple) else (got,),
-                    expected if isinstance(expected, tuple) else (expected,)):
+    for a, b in zip(
+        got if isinstance(got, tuple) else (got,),
+        expected if isinstance(expected, tuple) else (expected,),
+    ):
         torch.testing.assert_close(a, b)
 
 
@@ -135,7 +138,9 @@ def test_a_tensor_subclass_input_takes_the_custom_op_route(cpu_target):
     x = torch.randn(2, 8).as_subclass(Logged)
     out = SiluFwdOp()(x)
     assert any("silu_fwd" in name for name in seen)
-    torch.testing.assert_close(out.as_subclass(torch.Tensor), torch.nn.functional.silu(x.as_subclass(torch.Tensor)))
+    torch.testing.assert_close(
+        out.as_subclass(torch.Tensor), torch.nn.functional.silu(x.as_subclass(torch.Tensor))
+    )
 
 
 def test_in_place_ops_trace_as_a_mutating_custom_op(cpu_target):

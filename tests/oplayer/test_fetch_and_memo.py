@@ -22,7 +22,6 @@ from tileops.backend import (
 from tileops.ops import GemmFwdOp, GroupNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 
 
-
 def half(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float16)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Union
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
@@ -44,11 +44,11 @@ class _Builtin:
 BUILTIN = _Builtin()
 
 #: A target is a registered name, or ``BUILTIN`` for the in-tree kernels.
-Target: TypeAlias = Union[str, _Builtin]
+Target: TypeAlias = str | _Builtin
 
 #: What a kernel returns: one tensor, a tuple in ``signature.outputs`` order, or ``None``
 #: for a purely in-place op.
-KernelResult: TypeAlias = Union[torch.Tensor, tuple[torch.Tensor, ...], None]
+KernelResult: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...] | None
 
 
 class BuildKernel(Protocol):

@@ -21,12 +21,28 @@ from .reduction.softmax import LogSoftmaxFwdOp, SoftmaxFwdOp
 from .rope import RopeNeoxFwdOp, RopeNeoxPositionIdsFwdOp
 
 ALL_OPS: tuple[type[Op], ...] = (
-    RMSNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, GroupNormFwdOp,
-    SoftmaxFwdOp, LogSoftmaxFwdOp, SumFwdOp, MeanFwdOp, AmaxFwdOp,
-    GemmFwdOp, BmmFwdOp,
-    AddFwdOp, MulFwdOp, SiluFwdOp, GeluFwdOp, ReluFwdOp, SiluAndMulFwdOp, ClampFwdOp,
-    RopeNeoxFwdOp, RopeNeoxPositionIdsFwdOp,
-    GroupedQueryAttentionFwdOp, GroupedQueryAttentionDecodeWithKVCacheFwdOp,
+    RMSNormFwdOp,
+    FusedAddRMSNormFwdOp,
+    LayerNormFwdOp,
+    GroupNormFwdOp,
+    SoftmaxFwdOp,
+    LogSoftmaxFwdOp,
+    SumFwdOp,
+    MeanFwdOp,
+    AmaxFwdOp,
+    GemmFwdOp,
+    BmmFwdOp,
+    AddFwdOp,
+    MulFwdOp,
+    SiluFwdOp,
+    GeluFwdOp,
+    ReluFwdOp,
+    SiluAndMulFwdOp,
+    ClampFwdOp,
+    RopeNeoxFwdOp,
+    RopeNeoxPositionIdsFwdOp,
+    GroupedQueryAttentionFwdOp,
+    GroupedQueryAttentionDecodeWithKVCacheFwdOp,
 )
 
 __all__ = [cls.__name__ for cls in ALL_OPS] + ["ALL_OPS", "Op"]

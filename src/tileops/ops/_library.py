@@ -46,7 +46,7 @@ def _schema_type(type_text: str) -> str:
 
 
 def _op_name(cls: type) -> str:
-    """RMSNormFwdOp -> rms_norm_fwd; GroupedQueryAttentionDecodeWithKVCacheFwdOp -> ..._kv_cache_fwd."""
+    """Schema name of an op class: RMSNormFwdOp -> rms_norm_fwd."""
     name = cls.__name__.removesuffix("Op")
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
@@ -60,8 +60,14 @@ def _schema(cls: type, mutating: bool) -> str:
     args += [f"{_schema_type(p.type)} {p.name}" for p in entry.params]
     args += [f"{kind} {name}" for name, kind in cls._extra_args.items()]
     args.append("str target")
-    returns = "()" if mutating else (
-        "Tensor" if len(entry.outputs) == 1 else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")"
+    returns = (
+        "()"
+        if mutating
+        else (
+            "Tensor"
+            if len(entry.outputs) == 1
+            else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")"
+        )
     )
     return f"({', '.join(args)}) -> {returns}"
 
@@ -78,7 +84,9 @@ def define_custom_op(cls: type[Op]) -> None:
         tensors = args[:n_inputs]
         rest = args[n_inputs:]
         params = dict(zip(param_names, rest[: len(param_names)]))
-        extras = dict(zip(extra_names, rest[len(param_names) : len(param_names) + len(extra_names)]))
+        extras = dict(
+            zip(extra_names, rest[len(param_names) : len(param_names) + len(extra_names)])
+        )
         return tensors, params, extras, rest[-1]
 
     def real(*args: Any) -> Any:
@@ -101,6 +109,7 @@ def define_custom_op(cls: type[Op]) -> None:
     cls._custom_op = functional
 
     if any(decl.mutated for decl in entry.inputs):
+
         def real_inplace(*args: Any) -> None:
             real(*args)
 
@@ -109,7 +118,10 @@ def define_custom_op(cls: type[Op]) -> None:
 
         mutated = tuple(d.name for d in entry.inputs if d.mutated)
         inplace = torch.library.custom_op(
-            f"tileops::{name}_", real_inplace, mutates_args=mutated, schema=_schema(cls, mutating=True)
+            f"tileops::{name}_",
+            real_inplace,
+            mutates_args=mutated,
+            schema=_schema(cls, mutating=True),
         )
         inplace.register_fake(fake_inplace)
         cls._custom_op_inplace = inplace
@@ -124,8 +136,12 @@ def _target_tag(op: Op) -> str:
 
 def _instance(cls: type[Op], params: dict, extras: dict, target: str) -> Op:
     """The eager op behind a custom op call: one per (class, params, target), bounded."""
-    key = (cls, tuple((k, _frozen(v)) for k, v in params.items()),
-           tuple((k, _frozen(v)) for k, v in extras.items()), target)
+    key = (
+        cls,
+        tuple((k, _frozen(v)) for k, v in params.items()),
+        tuple((k, _frozen(v)) for k, v in extras.items()),
+        target,
+    )
     op = _instances.get(key)
     if op is None:
         chosen = None if target == "" else BUILTIN if target == _BUILTIN_TAG else target

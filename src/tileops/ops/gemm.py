@@ -20,5 +20,8 @@ class GemmFwdOp(Op):
         gemv = (m == 1 and not trans_a and trans_b) or (n == 1 and not trans_a and not trans_b)
         role = "gemv_kernel" if gemv else "gemm_kernel"
         return self.get_or_build_kernel(
-            role, (a, b), key=(role, m, n, k, a.dtype), build=self._in_tree(role, (a, b), m=m, n=n, k=k)
+            role,
+            (a, b),
+            key=(role, m, n, k, a.dtype),
+            build=self._in_tree(role, (a, b), m=m, n=n, k=k),
         )

@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 import torch
 
 from .. import _C, manifest
-from ..kernels import in_tree_kernel
 from ..backend import dispatch
 from ..backend.errors import BackendError, OpNotAvailableError
 from ..backend.types import BUILTIN, Target, TensorSpec, _Builtin
+from ..kernels import in_tree_kernel
 from . import _library, _runtime
 
 # Dynamo treats this as True while tracing; in eager it is one cheap call.
@@ -81,8 +81,10 @@ def _make_init(cls: type[Op], params: Sequence[Any]) -> None:
         else:
             positional.append(p)
             seen_default = seen_default or not p.required
+
     def text(p: Any) -> str:
         return p.name if p.required else f"{p.name}=_defaults[{p.name!r}]"
+
     signature = [text(p) for p in positional] + ["*"] + [text(p) for p in keyword]
     signature += ["target=None", "kernel_map=None", "tune=False"]
     collected = ", ".join(f"{p.name!r}: {p.name}" for p in params)
@@ -344,7 +346,10 @@ class Op:
         try:
             kernel = builder(*specs, **params)
         except Exception as error:
-            _note(error, f"raised by the kernel builder of target {target!r} for {type(self).__name__}")
+            _note(
+                error,
+                f"raised by the kernel builder of target {target!r} for {type(self).__name__}",
+            )
             raise
         if not callable(kernel):
             raise OpNotAvailableError(

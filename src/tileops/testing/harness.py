@@ -247,7 +247,9 @@ def _compare(case: Case, actual: Any, expected: Any) -> None:
     for got, want in zip(actual_seq, expected_seq):
         got = got.cpu()
         assert got.dtype == want.dtype, f"{case}: dtype {got.dtype}, expected {want.dtype}"
-        assert got.shape == want.shape, f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        assert got.shape == want.shape, (
+            f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        )
         rtol, atol = references.tolerance(got.dtype)
         if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True):
             worst = (got.double() - want.double()).abs().nan_to_num(0).max().item()

@@ -38,8 +38,10 @@ def _check_scores(op: str, dim: int, sm_scale: float | None, softcap: float | No
         raise ValueError(f"{op}: sm_scale must be a positive float or None, got {sm_scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
         raise ValueError(f"{op}: softcap must be a non-negative float or None, got {softcap!r}")
-    return {"sm_scale": None if sm_scale is None else float(sm_scale),
-            "softcap": None if softcap is None else float(softcap)}
+    return {
+        "sm_scale": None if sm_scale is None else float(sm_scale),
+        "softcap": None if softcap is None else float(softcap),
+    }
 
 
 def _expect_shape(op: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -94,8 +96,9 @@ class GroupedQueryAttentionFwdOp(_Attention):
         _check_dims(name, batch=batch, heads=heads, heads_kv=heads_kv, seq_len=seq_len, dim=dim)
         extras = dict(batch=batch, heads=heads, heads_kv=heads_kv, seq_len=seq_len, dim=dim)
         extras.update(_check_scores(name, dim, sm_scale, softcap))
-        self._setup({"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune,
-                    extras=extras)
+        self._setup(
+            {"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune, extras=extras
+        )
 
     def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
         e, name = self.extras, type(self).__name__
@@ -111,7 +114,10 @@ class GroupedQueryAttentionFwdOp(_Attention):
         causal_128 = self.params["is_causal"] and q.shape[-1] == 128
         role = "gqa_prefill_causal_fwd_kernel" if causal_128 else "gqa_prefill_fwd_kernel"
         return self.get_or_build_kernel(
-            role, (q, k, v), key=(role, q.dtype), build=self._in_tree(role, (q, k, v), **self.extras)
+            role,
+            (q, k, v),
+            key=(role, q.dtype),
+            build=self._in_tree(role, (q, k, v), **self.extras),
         )
 
 
@@ -162,8 +168,11 @@ class GroupedQueryAttentionDecodeWithKVCacheFwdOp(_Attention):
         e = self.extras
         group = e["heads"] // e["heads_kv"]
         bs1 = (
-            e["batch"] == 1 and q.dtype == torch.float16 and e["dim"] == 128
-            and not e["softcap"] and 1 <= group <= 64
+            e["batch"] == 1
+            and q.dtype == torch.float16
+            and e["dim"] == 128
+            and not e["softcap"]
+            and 1 <= group <= 64
         )
         role = "gqa_decode_bs1_kernel" if bs1 else "gqa_decode_kernel"
         return self.get_or_build_kernel(
