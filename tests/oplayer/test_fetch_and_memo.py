@@ -57,6 +57,8 @@ def test_an_absent_optional_input_reaches_the_builder_as_none(cpu_target):
     ((specs, params),) = cpu_target.builds_of("GroupNormFwdOp")
     assert specs[1] is None and specs[2] is None
     assert params == {"num_groups": 4, "eps": 1e-5}
+    # ... and the kernel is called with the same slots, None included.
+    assert cpu_target.calls[-1].devices == (torch.device("cpu"), None, None)
 
 
 def test_the_same_signature_reuses_the_kernel_without_calling_the_builder_again(rms_log):
