@@ -1,0 +1,1 @@
+"""Tests of the backend protocol: requirements A, B and C (API, discovery, target choice)."""
