@@ -81,6 +81,11 @@ SMOKE = textwrap.dedent(
         close(run(b.build_sum, x, dim=(0,), keepdim=False), x.float().sum(0).to(dt), scale=2)
         a = torch.randn(19, 40, dtype=dt)
         close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
+        for m in (1, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
+            a1, w1 = torch.randn(m, 37, dtype=dt), torch.randn(29, 37, dtype=dt)
+            close(run(b.build_gemm, a1, w1, trans_a=False, trans_b=True), (a1.float() @ w1.float().T).to(dt), scale=10)
+            w2 = w1.T.contiguous()
+            close(run(b.build_gemm, a1, w2, trans_a=False, trans_b=False), (a1.float() @ w2.float()).to(dt), scale=10)
         q = torch.randn(1, 20, 4, 16, dtype=dt); k = torch.randn(1, 20, 2, 16, dtype=dt)
         out = run(b.build_gqa, q, k, k, is_causal=True)
         assert out.shape == q.shape and torch.isfinite(out.float()).all()

@@ -17,6 +17,35 @@ def test_gemm_matches_matmul_in_every_layout(dtype, trans_a, trans_b, m, n, k):
     close(out, ref.to(dtype), scale=max(1.0, k**0.5 / 4) * (10 if dtype == torch.float32 else 1))
 
 
+# m <= 4 takes the skinny (GEMV) path, which streams B in place: odd K and N off the vector
+# width, one column, one K, and each of m = 1..4 against the blocked path at m = 5.
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 1), (1, 45), (131, 77), (33, 1030), (300, 17)])
+def test_skinny_gemm_matches_matmul(dtype, trans_a, trans_b, m, n, k):
+    a = torch.randn((k, m) if trans_a else (m, k), dtype=dtype)
+    bm = torch.randn((n, k) if trans_b else (k, n), dtype=dtype)
+    out = run(b.build_gemm, a, bm, trans_a=trans_a, trans_b=trans_b)
+    ref = (a.float().T if trans_a else a.float()) @ (bm.float().T if trans_b else bm.float())
+    close(out, ref.to(dtype), scale=max(1.0, k**0.5 / 4) * (10 if dtype == torch.float32 else 1))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n,k", [(5632, 1024), (1027, 2819)])
+def test_decode_gemv_matches_f_linear(dtype, n, k):
+    # the decoder's shape: activation [1, K] x weight [N, K]^T, split over the thread pool
+    a, w = torch.randn(1, k, dtype=dtype), torch.randn(n, k, dtype=dtype) * 0.02
+    out = run(b.build_gemm, a, w, trans_a=False, trans_b=True)
+    close(out, F.linear(a.float(), w.float()).to(dtype), scale=2 if dtype != torch.float32 else 10)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_bmm_with_one_row_per_batch_matches_torch(dtype):
+    a, bm = torch.randn(3, 1, 70, dtype=dtype), torch.randn(3, 70, 45, dtype=dtype)
+    close(run(b.build_bmm, a, bm), torch.bmm(a.float(), bm.float()).to(dtype), scale=3 if dtype != torch.float32 else 10)
+
+
 def test_gemm_refuses_operands_that_disagree_on_k():
     a, bm = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(5, 9, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="K=8"):
