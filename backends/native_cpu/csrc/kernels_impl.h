@@ -1054,10 +1054,100 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
   }
 }
 
+#if defined(TNC_AVX512_BF16_GEMM)
+// bfloat16 skinny NT on AVX512-BF16: A and B are both K-contiguous bf16, so consecutive
+// elements already form vdpbf16ps's K pairs: 32 products per instruction, no widening.
+template <int MR, int NB>
+inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, const uint16_t* __restrict b, int64_t ldb, int64_t k,
+                                 int nb, float out[MR][NB]) {
+  __m512 acc[MR][NB];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  const uint16_t* rows[NB];
+  for (int j = 0; j < NB; ++j) rows[j] = b + std::min(j, nb - 1) * ldb;
+  int64_t kk = 0;
+  for (; kk + 32 <= k; kk += 32) {
+    __m512bh av[MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) av[r] = (__m512bh)_mm512_loadu_si512(ap + r * kp + kk);
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const __m512bh bv = (__m512bh)_mm512_loadu_si512(rows[j] + kk);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], bv);
+    }
+  }
+  if (kk < k) {
+    const __mmask32 mk = static_cast<__mmask32>((uint64_t{1} << (k - kk)) - 1);
+    __m512bh av[MR];
+    for (int r = 0; r < MR; ++r) av[r] = (__m512bh)_mm512_loadu_si512(ap + r * kp + kk);  // zero-padded
+    for (int j = 0; j < NB; ++j) {
+      const __m512bh bv = (__m512bh)_mm512_maskz_loadu_epi16(mk, rows[j] + kk);
+      for (int r = 0; r < MR; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], bv);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+template <int MR>
+void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n, int64_t j0,
+                    int64_t j1) {
+  constexpr int NB = MR <= 2 ? 8 : 4;
+  float out[MR][NB];
+  for (int64_t j = j0; j < j1; j += NB) {
+    const int nb = static_cast<int>(std::min<int64_t>(NB, j1 - j));
+    skinny_nt_bf16_block<MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out);
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < nb; ++c) D[r * n + j + c] = tnc::from_float<bf16_t>(out[r][c]);
+  }
+}
+
+inline void gemm_skinny_bf16_nt(const tnc::GemmArgs& g, int threads) {
+  const int64_t m = g.m, n = g.n, k = g.k, ldb = g.b_col;
+  const int64_t kp = (k + 31) / 32 * 32;
+  const int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, k));
+  uint16_t* ap = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(m * kp / 2 + 32), 0));
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
+    const uint16_t* B = reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(g.b) + bi * g.b_batch);
+    bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
+    for (int64_t r = 0; r < m; ++r) {
+      uint16_t* dst = ap + r * kp;
+      const bf16_t* src = A + r * g.a_row;
+      if (g.a_col == 1) {
+        std::memcpy(dst, src, static_cast<size_t>(k) * 2);
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk] = src[kk * g.a_col].bits;
+      }
+      for (int64_t kk = k; kk < kp; ++kk) dst[kk] = 0;
+    }
+    tnc::parallel_for(n, grain, threads, [&](int64_t j0, int64_t j1) {
+      switch (m) {
+        case 1: skinny_nt_bf16<1>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+        case 2: skinny_nt_bf16<2>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+        case 3: skinny_nt_bf16<3>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+        default: skinny_nt_bf16<4>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+      }
+    });
+  }
+}
+#endif
+
 // The table's GEMM entry: a skinny product streams B; everything else is blocked.
 template <class T>
 void gemm_entry(const tnc::GemmArgs& g, int threads) {
   if (g.m <= kSkinnyM && (g.b_row == 1 || g.b_col == 1)) {
+#if defined(TNC_AVX512_BF16_GEMM)
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (g.b_row == 1 && (g.b_col != 1 || g.n == 1) && g.k > 0) {
+        gemm_skinny_bf16_nt(g, threads);
+        return;
+      }
+    }
+#endif
     gemm_skinny<T>(g, threads);
     return;
   }
