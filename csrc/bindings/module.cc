@@ -70,6 +70,8 @@ NB_MODULE(_C, m) {
       std::rethrow_exception(pointer);
     } catch (const engine::EngineError& error) {
       bindings::set_python_error(error);
+    } catch (bindings::PythonInterrupt& interrupt) {
+      interrupt.error.restore();
     }
   });
 

@@ -18,6 +18,13 @@ inline nb::object from_handle(const engine::Handle& handle) {
   return nb::borrow(static_cast<PyObject*>(handle.get()));
 }
 
+// A Python KeyboardInterrupt / SystemExit crossing the engine: restored as it was.
+class PythonInterrupt : public engine::PassThrough {
+ public:
+  explicit PythonInterrupt(nb::python_error error) : error(std::move(error)) {}
+  nb::python_error error;
+};
+
 // Sets the Python error for an engine error (its class, its text, and its nested cause as
 // __cause__). Used by the exception translator and wherever C++ catches one itself.
 void set_python_error(const engine::EngineError& error);

@@ -39,10 +39,20 @@ TargetChoice choice_from_py(const std::string& kind, const std::string& name) {
 // with a bool; anything else is a broken backend, reported through the engine.
 engine::AskDetector ask_with(nb::handle device) {
   return [device](const engine::NamedHandle& detector) -> bool {
-    nb::object answer = from_handle(detector.object)(device);
+    nb::object answer;
+    try {
+      answer = from_handle(detector.object)(device);
+    } catch (nb::python_error& error) {
+      // Ctrl-C and sys.exit() during target choice reach the caller as they are.
+      if (error.matches(PyExc_KeyboardInterrupt) || error.matches(PyExc_SystemExit)) {
+        throw PythonInterrupt(std::move(error));
+      }
+      throw;
+    }
     if (!PyBool_Check(answer.ptr())) {
       std::string got = nb::repr(answer).c_str();
-      throw nb::type_error(("detect must return True or False, got " + got).c_str());
+      PyErr_SetString(PyExc_TypeError, ("detect must return True or False, got " + got).c_str());
+      throw nb::python_error();
     }
     return answer.ptr() == Py_True;
   };

@@ -18,6 +18,13 @@ class EngineError : public std::runtime_error {
   Kind kind_;
 };
 
+// Raised by host callbacks (a detector) for what must reach the caller untouched — in
+// Python, KeyboardInterrupt and SystemExit. The engine never wraps it.
+class PassThrough : public std::exception {
+ public:
+  const char* what() const noexcept override { return "interrupted"; }
+};
+
 // Python's repr of a str, for the plain names targets and ops use.
 std::string py_repr(const std::string& text);
 // Python's repr of a list of str: ['a', 'b'].

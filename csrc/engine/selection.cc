@@ -12,6 +12,8 @@ bool ask_one(const Registry& registry, const std::string& target, const NamedHan
              const std::string& device_text, const AskDetector& ask) {
   try {
     return ask(detector);
+  } catch (const PassThrough&) {
+    throw;
   } catch (...) {
     // Keep the detector's own exception as the cause: the host chains it.
     std::throw_with_nested(EngineError(
