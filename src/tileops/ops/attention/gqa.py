@@ -22,7 +22,10 @@ _SHAPE_ARGS = {"batch": "int", "heads": "int", "heads_kv": "int"}
 _SCORE_ARGS = {"sm_scale": "float?", "softcap": "float?"}
 
 
-def _check_dims(op: str, **dims: int) -> None:
+def _constructor_extras(
+    op: str, dims: dict[str, int], sm_scale: float | None, softcap: float | None
+) -> dict[str, Any]:
+    """Validates the constructor-only arguments and returns them as the op's extras."""
     for name, value in dims.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
@@ -31,14 +34,12 @@ def _check_dims(op: str, **dims: int) -> None:
             f"{op}: heads must be a multiple of heads_kv, got heads={dims['heads']}, "
             f"heads_kv={dims['heads_kv']}"
         )
-
-
-def _check_scores(op: str, dim: int, sm_scale: float | None, softcap: float | None) -> dict:
     if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0):
         raise ValueError(f"{op}: sm_scale must be a positive float or None, got {sm_scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
         raise ValueError(f"{op}: softcap must be a non-negative float or None, got {softcap!r}")
     return {
+        **dims,
         "sm_scale": None if sm_scale is None else float(sm_scale),
         "softcap": None if softcap is None else float(softcap),
     }
@@ -92,10 +93,14 @@ class GroupedQueryAttentionFwdOp(_Attention):
         kernel_map: Mapping[str, Callable[..., Any]] | None = None,
         tune: bool = False,
     ) -> None:
-        name = type(self).__name__
-        _check_dims(name, batch=batch, heads=heads, heads_kv=heads_kv, seq_len=seq_len, dim=dim)
-        extras = dict(batch=batch, heads=heads, heads_kv=heads_kv, seq_len=seq_len, dim=dim)
-        extras.update(_check_scores(name, dim, sm_scale, softcap))
+        dims = {
+            "batch": batch,
+            "heads": heads,
+            "heads_kv": heads_kv,
+            "seq_len": seq_len,
+            "dim": dim,
+        }
+        extras = _constructor_extras(type(self).__name__, dims, sm_scale, softcap)
         self._setup(
             {"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune, extras=extras
         )
@@ -145,10 +150,14 @@ class GroupedQueryAttentionDecodeWithKVCacheFwdOp(_Attention):
         kernel_map: Mapping[str, Callable[..., Any]] | None = None,
         tune: bool = False,
     ) -> None:
-        name = type(self).__name__
-        _check_dims(name, batch=batch, heads=heads, heads_kv=heads_kv, seqlen_kv=seqlen_kv, dim=dim)
-        extras = dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_kv=seqlen_kv, dim=dim)
-        extras.update(_check_scores(name, dim, sm_scale, softcap))
+        dims = {
+            "batch": batch,
+            "heads": heads,
+            "heads_kv": heads_kv,
+            "seqlen_kv": seqlen_kv,
+            "dim": dim,
+        }
+        extras = _constructor_extras(type(self).__name__, dims, sm_scale, softcap)
         self._setup({}, target=target, kernel_map=kernel_map, tune=tune, extras=extras)
 
     def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
