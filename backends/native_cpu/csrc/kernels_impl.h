@@ -1296,87 +1296,221 @@ void attention(const tnc::AttentionArgs& a, int threads) {
   });
 }
 
-// Decode: one query per sequence. Memory-bound on K and V, which are read once; the
-// KV axis is split when batch x kv-heads alone cannot keep every thread busy.
+#if defined(TNC_AVX512_BF16_GEMM)
+// Decode scores for bfloat16 on AVX512-BF16: q (unscaled, exact in bf16) and K rows are
+// both D-contiguous bf16, so vdpbf16ps takes 32 products per instruction with no widening.
+// acc[jj][i] gets the 16-lane partial dot product of key jj and head i.
+inline void decode_scores_bf16(const uint16_t* const qr[4], const uint16_t* const kr[4], int64_t D, __m512 acc[4][4]) {
+#pragma GCC unroll 4
+  for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) acc[jj][i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 32) {
+    const __mmask32 mk = D - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << (D - d)) - 1);
+    __m512bh qv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) qv[i] = (__m512bh)_mm512_loadu_si512(qr[i] + d);  // zero-padded
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 4; ++jj) {
+      const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(mk, kr[jj] + d);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) acc[jj][i] = _mm512_dpbf16_ps(acc[jj][i], qv[i], kv);
+    }
+  }
+}
+#endif
+
+// Decode: one query per sequence. Memory-bound on K and V, which are streamed once: a
+// task owns a range of cached positions of one sequence and walks it in blocks of W
+// tokens over every KV head (the cache is [B, N, Hkv, D], so a block is one contiguous
+// run; walking one KV head alone would touch a new page every few rows). Every query head
+// of a group is served by the same load of a K or V row. The G x W dot products of a
+// block are finished by one transpose-add per query head (no horizontal reduction per
+// key), the softmax update is vectorised over the block's keys, and P V runs over
+// register blocks of (4 heads x 4 vectors of D). The positions are split when the batch
+// alone cannot keep every thread busy; the splits are merged at the end.
 template <class T>
 void attention_decode(const tnc::AttentionArgs& a, int threads) {
-  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, N = a.seq_kv;
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, N = a.seq_kv, H = a.heads;
+  const int64_t dfull = D / W * W;
   const int64_t groups = a.batch * a.heads_kv;
+#if defined(TNC_AVX512_BF16_GEMM)
+  constexpr bool kBfDot = std::is_same_v<T, bf16_t>;
+#else
+  constexpr bool kBfDot = false;
+#endif
   int64_t splits = 1;
-  if (groups < 4 * threads) splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + groups - 1) / groups, N / 256));
+  if (a.batch < 4 * threads)
+    splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
   const int64_t span = (N + splits - 1) / std::max<int64_t>(splits, 1);
   const int64_t part_stride = Dp + 2;
   std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
   const int64_t kv_tok = a.heads_kv * D;
-  tnc::parallel_for(groups * splits, 1, threads, [&](int64_t i0, int64_t i1) {
-    float* Q = scratch(static_cast<size_t>(G * Dp * 2 + G * kAttnBK), 0);
-    float* O = Q + G * Dp;
-    float* P = O + G * Dp;
-    float* Kf = scratch(static_cast<size_t>(kAttnBK * Dp * 2), 1);
-    float* Vf = Kf + kAttnBK * Dp;
+  tnc::parallel_for(a.batch * splits, 1, threads, [&, D, Dp, G, N, H, dfull, kv_tok, splits, span](int64_t i0, int64_t i1) {
+    float* Q = scratch(static_cast<size_t>(2 * H * Dp + 2 * H + G * W + G * W * W), 0);
+    float* O = Q + H * Dp;
+    float* mx = O + H * Dp;
+    float* l = mx + H;
+    float* P = l + H;    // [G][W] probabilities of the current block and KV head
+    float* Acc = P + G * W;  // [G][W keys][W lanes] partial dot products
+    const int64_t Db = (D + 31) / 32 * 32;
+    uint16_t* Qb = kBfDot ? reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(H * Db / 2 + 16), 1)) : nullptr;
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t grp = item / splits, sp = item % splits;
-      const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+      const int64_t b = item / splits, sp = item % splits;
       const int64_t n0 = sp * span, n1 = std::min(N, n0 + span);
-      for (int64_t g = 0; g < G; ++g) {
-        const T* src = static_cast<const T*>(a.q) + (b * a.heads + hkv * G + g) * D;
-        for (int64_t d = 0; d < Dp; ++d) Q[g * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
-        for (int64_t d = 0; d < Dp; ++d) O[g * Dp + d] = 0.f;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* src = static_cast<const T*>(a.q) + (b * H + h) * D;
+        for (int64_t d = 0; d < Dp; ++d) Q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[h * Dp + d] = 0.f;
+        if constexpr (kBfDot)
+          for (int64_t d = 0; d < Db; ++d) Qb[h * Db + d] = d < D ? reinterpret_cast<const uint16_t*>(src)[d] : uint16_t{0};
+        mx[h] = -std::numeric_limits<float>::infinity();
+        l[h] = 0.f;
       }
-      float mx[64], l[64];
-      for (int64_t g = 0; g < G; ++g) {
-        mx[g] = -std::numeric_limits<float>::infinity();
-        l[g] = 0.f;
-      }
-      for (int64_t k0 = n0; k0 < n1; k0 += kAttnBK) {
-        const int64_t bk = std::min(kAttnBK, n1 - k0);
-        for (int64_t j = 0; j < bk; ++j) {
-          const int64_t tok = (b * N + k0 + j) * kv_tok + hkv * D;
-          const T* ks = static_cast<const T*>(a.k) + tok;
-          const T* vs = static_cast<const T*>(a.v) + tok;
-          for (int64_t d = 0; d < Dp; d += W) {
-            S::store(Kf + j * Dp + d, loadc(ks + d, D - d));
-            S::store(Vf + j * Dp + d, loadc(vs + d, D - d));
+      for (int64_t k0 = n0; k0 < n1; k0 += W) {
+        const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
+        if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
+          for (int64_t i = 0; i < G * W * W; ++i) Acc[i] = 0.f;
+        for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv) {
+          const T* kbase = static_cast<const T*>(a.k) + (b * N + k0) * kv_tok + hkv * D;
+          const T* vbase = static_cast<const T*>(a.v) + (b * N + k0) * kv_tok + hkv * D;
+          const float* Qg = Q + hkv * G * Dp;
+          float* Og = O + hkv * G * Dp;
+          if (k0 + W < n1) {  // the next block of this KV head into L2 while this one computes
+            const int nb = static_cast<int>(std::min<int64_t>(W, n1 - k0 - W));
+            for (int j = 0; j < nb; ++j)
+              for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+                __builtin_prefetch(reinterpret_cast<const char*>(kbase + (W + j) * kv_tok) + byte, 0, 2);
+                __builtin_prefetch(reinterpret_cast<const char*>(vbase + (W + j) * kv_tok) + byte, 0, 2);
+              }
           }
-        }
-        for (int64_t g = 0; g < G; ++g) {
-          const float* q = Q + g * Dp;
-          float* p = P + g * kAttnBK;
-          for (int64_t j = 0; j < bk; ++j) {
-            const float* kr = Kf + j * Dp;
-            F s0 = S::zero(), s1 = S::zero();
-            int64_t d = 0;
-            for (; d + 2 * W <= Dp; d += 2 * W) {
-              s0 = S::fma(S::load(q + d), S::load(kr + d), s0);
-              s1 = S::fma(S::load(q + d + W), S::load(kr + d + W), s1);
+          // scores: register blocks of 4 keys x 4 query heads (16 independent FMA chains;
+          // one K row load serves four heads). Dead keys and heads repeat the last live one:
+          // dead keys' lanes are masked below, dead heads are not stored.
+          for (int j0 = 0; j0 < bk; j0 += 4) {
+            const T* kr[4];
+#pragma GCC unroll 4
+            for (int jj = 0; jj < 4; ++jj) kr[jj] = kbase + std::min(j0 + jj, bk - 1) * kv_tok;
+            for (int64_t g0 = 0; g0 < G; g0 += 4) {
+              const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
+              const float* qr[4];
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i) qr[i] = Qg + (g0 + std::min(i, gn - 1)) * Dp;
+              F acc[4][4];
+#if defined(TNC_AVX512_BF16_GEMM)
+              if constexpr (kBfDot) {
+                const uint16_t* qb[4];
+                const uint16_t* kb[4];
+                for (int i = 0; i < 4; ++i) qb[i] = Qb + (hkv * G + g0 + std::min(i, gn - 1)) * Db;
+                for (int jj = 0; jj < 4; ++jj) kb[jj] = reinterpret_cast<const uint16_t*>(kr[jj]);
+                decode_scores_bf16(qb, kb, D, acc);
+              } else
+#endif
+              {
+#pragma GCC unroll 4
+              for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) acc[jj][i] = S::zero();
+              for (int64_t d = 0; d < dfull; d += W) {
+                F qv[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d);
+#pragma GCC unroll 4
+                for (int jj = 0; jj < 4; ++jj) {
+                  const F kv = S::load(kr[jj] + d);
+#pragma GCC unroll 4
+                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
+                }
+              }
+              if (dfull < D) {
+                const int c = static_cast<int>(D - dfull);
+                F qv[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + dfull);  // zero-padded
+#pragma GCC unroll 4
+                for (int jj = 0; jj < 4; ++jj) {
+                  const F kv = S::load_n(kr[jj] + dfull, c);
+#pragma GCC unroll 4
+                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
+                }
+              }
+              }
+#pragma GCC unroll 4
+              for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i)
+                  if (i < gn && j0 + jj < W) S::store(Acc + ((g0 + i) * W + j0 + jj) * W, acc[jj][i]);
             }
-            if (d < Dp) s0 = S::fma(S::load(q + d), S::load(kr + d), s0);
-            p[j] = S::reduce_add(S::add(s0, s1));
           }
-          float m = mx[g];
-          for (int64_t j = 0; j < bk; ++j) m = std::max(m, p[j]);
-          const float corr = std::exp(mx[g] - m);
-          mx[g] = m;
-          float sum = 0.f;
-          for (int64_t j = 0; j < bk; ++j) {
-            p[j] = std::exp(p[j] - m);
-            sum += p[j];
+          // online softmax over the block, vectorised over its keys
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t h = hkv * G + g;
+            F acc_rows[W];
+            for (int j = 0; j < W; ++j) acc_rows[j] = S::load(Acc + (g * W + j) * W);
+            F sc = S::transpose_add(acc_rows);
+            if constexpr (kBfDot) sc = S::mul(sc, S::set1(a.scale));
+            if (bk < W) {
+              alignas(64) float lanes[W];
+              S::store(lanes, sc);
+              sc = S::load_n(static_cast<const float*>(lanes), bk, -std::numeric_limits<float>::infinity());
+            }
+            const float m = std::max(mx[h], S::reduce_max(sc));
+            const float corr = mx[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(mx[h] - m);
+            mx[h] = m;
+            const F p = vexp(S::sub(sc, S::set1(m)));
+            S::store(P + g * W, p);
+            l[h] = l[h] * corr + S::reduce_add(p);
+            if (corr != 1.f) {
+              const F vc = S::set1(corr);
+              float* o = Og + g * Dp;
+              for (int64_t d = 0; d < Dp; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
+            }
           }
-          l[g] = l[g] * corr + sum;
-          float* o = O + g * Dp;
-          const F vc = S::set1(corr);
-          for (int64_t d = 0; d < Dp; d += W) {
-            F acc = S::mul(S::load(o + d), vc);
-            for (int64_t j = 0; j < bk; ++j) acc = S::fma(S::set1(p[j]), S::load(Vf + j * Dp + d), acc);
-            S::store(o + d, acc);
+          // O += P V: register blocks of 4 heads x 4 vectors of D (constant indices only, so
+          // the block stays in registers; dead heads repeat the last live one)
+          for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
+            const int dv = static_cast<int>(std::min<int64_t>(4, (Dp - d0) / W));
+            for (int64_t g0 = 0; g0 < G; g0 += 4) {
+              const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
+              const float* prow[4];
+              float* orow[4];
+              F acc[4][4];
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i) {
+                const int64_t g = g0 + std::min(i, gn - 1);
+                prow[i] = P + g * W;
+                orow[i] = Og + g * Dp + d0;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
+              }
+              for (int j = 0; j < bk; ++j) {
+                const T* vr = vbase + j * kv_tok + d0;
+                F vv[4];
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) {
+                  const F pj = S::set1(prow[i][j]);
+#pragma GCC unroll 4
+                  for (int v = 0; v < 4; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
+                }
+              }
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i)
+                if (i < gn)
+#pragma GCC unroll 4
+                  for (int v = 0; v < 4; ++v)
+                    if (v < dv) S::store(orow[i] + v * W, acc[i][v]);
+            }
           }
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t grp = b * a.heads_kv + h / G, g = h % G;
         float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
-        part[0] = mx[g];
-        part[1] = l[g];
-        for (int64_t d = 0; d < Dp; ++d) part[2 + d] = O[g * Dp + d];
+        part[0] = mx[h];
+        part[1] = l[h];
+        for (int64_t d = 0; d < Dp; ++d) part[2 + d] = O[h * Dp + d];
       }
     }
   });

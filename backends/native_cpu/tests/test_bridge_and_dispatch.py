@@ -89,6 +89,10 @@ SMOKE = textwrap.dedent(
         q = torch.randn(1, 20, 4, 16, dtype=dt); k = torch.randn(1, 20, 2, 16, dtype=dt)
         out = run(b.build_gqa, q, k, k, is_causal=True)
         assert out.shape == q.shape and torch.isfinite(out.float()).all()
+        qd, kd, vd = torch.randn(2, 8, 40, dtype=dt), torch.randn(2, 37, 2, 40, dtype=dt), torch.randn(2, 37, 2, 40, dtype=dt)
+        ref = F.scaled_dot_product_attention(qd.float()[:, :, None], kd.float().transpose(1, 2).repeat_interleave(4, 1),
+                                             vd.float().transpose(1, 2).repeat_interleave(4, 1))[:, :, 0]
+        close(run(b.build_gqa_decode, qd, kd, vd), ref.to(dt), scale=3)
     print("ok")
     """
 )
