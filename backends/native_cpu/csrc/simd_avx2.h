@@ -84,6 +84,13 @@ struct Simd {
     return _mm_cvtss_f32(s);
   }
   static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 1/a from the 12-bit estimate and one Newton step (finite nonzero a)
+  static F rcp(F a) {
+    const F r = _mm256_rcp_ps(a);
+    return _mm256_mul_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(2.f)));
+  }
+  static constexpr bool kHasScalef = false;
+  static F scalef(F p, F) { return p; }
   static F pow2n(F n) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_castsi256_ps(e);

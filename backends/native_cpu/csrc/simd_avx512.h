@@ -69,6 +69,14 @@ struct Simd {
   }
   static float reduce_max(F a) { return _mm512_reduce_max_ps(a); }
   static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 1/a from the 14-bit estimate and one Newton step (about 1 ulp; finite nonzero a)
+  static F rcp(F a) {
+    const F r = _mm512_rcp14_ps(a);
+    return _mm512_mul_ps(r, _mm512_fnmadd_ps(a, r, _mm512_set1_ps(2.f)));
+  }
+  // p * 2^n for integral n, with correct overflow, underflow and subnormals
+  static constexpr bool kHasScalef = true;
+  static F scalef(F p, F n) { return _mm512_scalef_ps(p, n); }
   // 2^n for integral n in [-126, 127]
   static F pow2n(F n) {
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);

@@ -34,6 +34,9 @@ struct Simd {
   static float reduce_max(F a) { return a; }
   static F transpose_add(const F* v) { return v[0]; }
   static F round(F a) { return std::nearbyint(a); }
+  static F rcp(F a) { return 1.f / a; }
+  static constexpr bool kHasScalef = false;
+  static F scalef(F p, F) { return p; }
   static F pow2n(F n) { return tnc::bits_float(static_cast<uint32_t>(static_cast<int>(n) + 127) << 23); }
   static F keep_at_least(F x, float threshold, F v) { return x >= threshold ? v : 0.f; }
 };
