@@ -61,19 +61,29 @@ inline float sum_run(const T* x, int64_t n) {
   return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
 }
 
+// NaN-propagating scalar max (torch.amax and softmax: any NaN makes the result NaN)
+inline float max_nan(float a, float b) { return (a != a || b != b) ? a + b : std::max(a, b); }
+
 template <class T>
 inline float max_run(const T* x, int64_t n) {
   const float lowest = -std::numeric_limits<float>::infinity();
   F a0 = S::set1(lowest), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = S::max(a0, S::load(x + i));
-    a1 = S::max(a1, S::load(x + i + W));
-    a2 = S::max(a2, S::load(x + i + 2 * W));
-    a3 = S::max(a3, S::load(x + i + 3 * W));
+    a0 = S::max_nan(a0, S::load(x + i));
+    a1 = S::max_nan(a1, S::load(x + i + W));
+    a2 = S::max_nan(a2, S::load(x + i + 2 * W));
+    a3 = S::max_nan(a3, S::load(x + i + 3 * W));
   }
-  for (; i < n; i += W) a0 = S::max(a0, loadc(x + i, n - i, lowest));
-  return S::reduce_max(S::max(S::max(a0, a1), S::max(a2, a3)));
+  for (; i < n; i += W) a0 = S::max_nan(a0, loadc(x + i, n - i, lowest));
+  alignas(64) float lanes[4 * W];
+  S::store(lanes, a0);
+  S::store(lanes + W, a1);
+  S::store(lanes + 2 * W, a2);
+  S::store(lanes + 3 * W, a3);
+  float m = lowest;
+  for (int l = 0; l < 4 * W; ++l) m = max_nan(m, lanes[l]);
+  return m;
 }
 
 // float16/bfloat16 results tolerate the fast exp
@@ -324,7 +334,7 @@ void softmax_columns(const tnc::SoftmaxArgs& a, int64_t i0, int64_t i1) {
     const T* x = static_cast<const T*>(a.x) + o * n * inner + c0;
     T* y = static_cast<T*>(a.out) + o * n * inner + c0;
     F m = S::set1(-std::numeric_limits<float>::infinity());
-    for (int64_t j = 0; j < n; ++j) m = S::max(m, loadc(x + j * inner, cnt));
+    for (int64_t j = 0; j < n; ++j) m = S::max_nan(m, loadc(x + j * inner, cnt));
     F sum = S::zero();
     for (int64_t j = 0; j < n; ++j) sum = S::add(sum, vexp(S::sub(loadc(x + j * inner, cnt), m)));
     if (a.log) {
@@ -577,7 +587,7 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
         }
       });
       float acc = init;
-      for (int p = 0; p < parts; ++p) acc = is_max ? std::max(acc, partial[p]) : acc + partial[p];
+      for (int p = 0; p < parts; ++p) acc = is_max ? max_nan(acc, partial[p]) : acc + partial[p];
       out[0] = tnc::from_float<T>(acc * scale);
       return;
     }
@@ -587,7 +597,7 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
         float acc = init;
         for (int64_t rc = 0; rc < n_red; ++rc) {
           const T* p = x + base + offset_of(rc, red, nr);
-          acc = is_max ? std::max(acc, max_run(p, len)) : acc + sum_run(p, len);
+          acc = is_max ? max_nan(acc, max_run(p, len)) : acc + sum_run(p, len);
         }
         out[o] = tnc::from_float<T>(acc * scale);
       }
@@ -608,7 +618,7 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
         for (int64_t i = 0; i < cnt; i += W) {
           const F v = loadc(p + i, cnt - i, init);
           const F c = loadc(acc + i, cnt - i, init);
-          storec(acc + i, is_max ? S::max(c, v) : S::add(c, v), cnt - i);
+          storec(acc + i, is_max ? S::max_nan(c, v) : S::add(c, v), cnt - i);
         }
       }
       T* y = out + o * len + c0;

@@ -57,6 +57,8 @@ struct Simd {
   static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
   static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  // max that propagates NaN from either operand (as torch.amax does)
+  static F max_nan(F a, F v) { return _mm256_blendv_ps(_mm256_max_ps(v, a), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)); }
   static F abs(F a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
   static F copysign(F magnitude, F sign) {
     return _mm256_or_ps(abs(magnitude), _mm256_and_ps(sign, _mm256_set1_ps(-0.f)));

@@ -47,6 +47,8 @@ struct Simd {
   static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  // max that propagates NaN from either operand (as torch.amax does)
+  static F max_nan(F a, F v) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, a), v); }
   static F abs(F a) { return _mm512_abs_ps(a); }
   static F copysign(F magnitude, F sign) {
     const __m512i s = _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(static_cast<int>(0x80000000u)));

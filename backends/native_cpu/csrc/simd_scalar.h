@@ -28,6 +28,7 @@ struct Simd {
   static F fnma(F a, F b, F c) { return std::fma(-a, b, c); }
   static F max(F a, F b) { return a > b ? a : b; }
   static F min(F a, F b) { return a < b ? a : b; }
+  static F max_nan(F a, F v) { return (a != a || v != v) ? a + v : (a > v ? a : v); }
   static F abs(F a) { return std::fabs(a); }
   static F copysign(F magnitude, F sign) { return std::copysign(magnitude, sign); }
   static float reduce_add(F a) { return a; }

@@ -81,6 +81,9 @@ SMOKE = textwrap.dedent(
         close(run(b.build_sum, x, dim=(0,), keepdim=False), x.float().sum(0).to(dt), scale=2)
         a = torch.randn(19, 40, dtype=dt)
         close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
+        xn = torch.randn(5, 77, dtype=dt); xn[2, 70] = float("nan")
+        assert torch.equal(run(b.build_amax, xn, dim=(1,), keepdim=False).isnan(), xn.amax(1).isnan())
+        assert torch.equal(run(b.build_amax, xn, dim=(0,), keepdim=False).isnan(), xn.amax(0).isnan())
         for m in (1, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
             a1, w1 = torch.randn(m, 37, dtype=dt), torch.randn(29, 37, dtype=dt)
             close(run(b.build_gemm, a1, w1, trans_a=False, trans_b=True), (a1.float() @ w1.float().T).to(dt), scale=10)

@@ -67,3 +67,30 @@ def test_amax_over_an_empty_axis_is_refused_at_build_naming_the_shape():
     x = torch.empty(3, 0)
     with pytest.raises(ValueError, match=r"\(3, 0\)"):
         b.build_amax(spec(x), dim=(1,), keepdim=False)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape,dim,at", [
+    ((6, 333), (1,), (2, 100)),         # innermost axis reduced, NaN mid-vector
+    ((6, 333), (1,), (5, 332)),         # NaN in the tail lane
+    ((37, 45), (0,), (36, 3)),          # innermost kept: column accumulation
+    ((4, 12, 40), (0, 2), (3, 7, 0)),   # mixed axes
+    ((300000,), None, (123456,)),       # one long run split over threads
+    ((300000,), None, (0,)),            # NaN in the first lane of the first part
+])
+def test_amax_propagates_nan_like_torch(dtype, shape, dim, at):
+    x = torch.randn(shape, dtype=dtype)
+    x[at] = float("nan")
+    out = run(b.build_amax, x, dim=dim, keepdim=False)
+    ref = x.amax(dim=dim) if dim is not None else x.amax()
+    assert torch.equal(out.isnan(), ref.isnan()), (out, ref)
+    assert out.isnan().any()
+    close(out[~out.isnan()], ref[~ref.isnan()])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_of_a_row_with_nan_is_nan_like_torch(dtype):
+    x = torch.randn(3, 100, dtype=dtype)
+    x[1, 50] = float("nan")
+    out = run(b.build_softmax, x, dim=-1)
+    assert out[1].isnan().all() and not out[0].isnan().any() and not out[2].isnan().any()
