@@ -1,0 +1,580 @@
+"""Hostile inputs, property-based: for every op, random constructor params and random
+calls — wrong dtypes, ranks, shapes (zero sizes; huge dims on the meta device), devices
+(cpu/meta mixes), non-tensor arguments, wrong arity — end in one of two ways:
+
+* rejected with a ``TypeError`` or ``ValueError`` (or ``OpNotAvailableError`` where the
+  protocol says so) whose text names the op, and no builder or kernel was called;
+* accepted: the builder was called once, with the call's specs, and the output has the
+  shape and dtype that torch's own reference computes for those inputs.
+
+Never a crash, never another exception type, never a kernel failing on inputs that
+validation let through. The oracle for "accepted" is the reference implementation run
+on meta copies of the inputs (torch's shape logic), not the manifest under test.
+
+Calls are generated from a small valid call per op (its sizes drawn, zero included) with
+0-3 mutations applied; a mutation that breaks a structural rule (arity, a non-tensor, a
+required input missing, a dtype outside the declared set, two devices) must be rejected.
+"""
+
+from __future__ import annotations
+
+import math
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, find, given, settings
+from hypothesis.control import currently_in_test_context
+from hypothesis import strategies as st
+
+from tileops import manifest
+from tileops.backend import OpNotAvailableError, register_detector, register_kernel_builder
+from tileops.ops import ALL_OPS
+from tileops.testing import references
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+DTYPES = [F16, BF16, F32, torch.float64, torch.int32, torch.int64, torch.bool, torch.uint8,
+          torch.complex64]
+HUGE = [2**31 + 1, 2**40]  # only ever on the meta device
+CPU, META = torch.device("cpu"), torch.device("meta")
+GARBAGE = [1, 2.5, "x", [1.0, 2.0], (), object(), float("nan")]
+HOSTILE_PARAMS = [-1, -(2**40), 0, 2**63, 1.5, float("nan"), float("inf"), "x", None, [],
+                  [-1], (1, "a"), True]
+
+
+# ---- a recording target that claims cpu and meta and computes with the references ---------
+
+
+@dataclass
+class Recorder:
+    builds: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
+    kernel_calls: list[tuple[str, tuple[bool, ...]]] = field(default_factory=list)
+
+    def register(self) -> Recorder:
+        register_detector("hostile", lambda device: device.type in ("cpu", "meta"))
+        for name in manifest.all_entries():
+            register_kernel_builder(name, "hostile", self._builder(name))
+        return self
+
+    def clear(self) -> None:
+        self.builds.clear()
+        self.kernel_calls.clear()
+
+    def _builder(self, name: str) -> Callable[..., Any]:
+        reference = references.reference(name)
+
+        def build(*specs: Any, **params: Any) -> Callable[..., Any]:
+            self.builds.append((name, specs))
+
+            def kernel(*tensors: torch.Tensor | None) -> Any:
+                self.kernel_calls.append(
+                    (name, tuple(t is None or t.is_contiguous() for t in tensors))
+                )
+                return run_reference(name, reference, tensors, params)
+
+            return kernel
+
+        return build
+
+
+def run_reference(name: str, reference: Callable[..., Any], tensors: tuple, params: dict) -> Any:
+    try:
+        return reference(*tensors, **params)
+    except (NotImplementedError, RuntimeError) as error:
+        # A reference that reads data (RoPE's position-id check calls .item()) cannot run
+        # on meta: run it on small CPU zeros and hand back meta tensors of its results.
+        on_meta = any(t is not None and t.device.type == "meta" for t in tensors)
+        if not on_meta or "meta" not in str(error):
+            raise
+        if any(t is not None and t.numel() > 1 << 16 for t in tensors):
+            pytest.skip(f"{name}: reference needs data and the inputs are huge")
+        cpu = [None if t is None else torch.zeros(t.shape, dtype=t.dtype) for t in tensors]
+        result = reference(*cpu, **params)
+        outs = result if isinstance(result, tuple) else (result,)
+        metas = tuple(torch.empty(o.shape, dtype=o.dtype, device="meta") for o in outs)
+        return metas if isinstance(result, tuple) else metas[0]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder().register()
+
+
+# ---- one small valid call per op; sizes are drawn --------------------------------------
+
+
+@dataclass
+class Call:
+    """A constructor's kwargs and a call's arguments, as specs before materialising.
+    Each argument is ``("tensor", shape, dtype, device, contiguous)``, ``("none",)`` or
+    ``("garbage", value)``."""
+
+    ctor: dict[str, Any]
+    args: list[tuple]
+    broken: list[str] = field(default_factory=list)  # mutations that must be rejected
+
+
+def t(shape: tuple[int, ...], dtype: torch.dtype) -> tuple:
+    return ("tensor", tuple(shape), dtype, CPU, True)
+
+
+@st.composite
+def seeds(draw: st.DrawFn, op: str) -> Call:
+    size = st.integers(0, 5)
+    m, n, k = draw(size), draw(st.integers(1, 6)), draw(size)
+    floats = st.sampled_from([F16, BF16, F32])
+    halves = st.sampled_from([F16, BF16])
+    if op == "RMSNormFwdOp":
+        d = draw(halves)
+        eps = draw(st.sampled_from([None, 1e-5]))
+        return Call({"normalized_shape": (n,), "eps": eps}, [t((m, n), d), t((n,), d)])
+    if op == "FusedAddRMSNormFwdOp":
+        d = draw(halves)
+        return Call({"eps": 1e-6}, [t((m, n), d), t((m, n), d), t((n,), d)])
+    if op == "LayerNormFwdOp":
+        d = draw(floats)
+        return Call({"normalized_shape": [n]}, [t((m, n), d), t((n,), d), t((n,), d)])
+    if op == "GroupNormFwdOp":
+        d, groups, per = draw(floats), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+        c = groups * per
+        affine = draw(st.booleans())
+        rest = [t((c,), d), t((c,), d)] if affine else [("none",), ("none",)]
+        return Call({"num_groups": groups}, [t((m, c, k), d), *rest])
+    if op in ("SoftmaxFwdOp", "LogSoftmaxFwdOp"):
+        return Call({"dim": draw(st.sampled_from([None, -1, 0, 1]))}, [t((m, n), draw(floats))])
+    if op in ("SumFwdOp", "MeanFwdOp", "AmaxFwdOp"):
+        dim = draw(st.sampled_from([None, 0, -1, (0, 2), [1]]))
+        return Call({"dim": dim, "keepdim": draw(st.booleans())}, [t((m, n, k), draw(floats))])
+    if op == "GemmFwdOp":
+        d, ta, tb = draw(halves), draw(st.booleans()), draw(st.booleans())
+        a = (k, m) if ta else (m, k)
+        b = (n, k) if tb else (k, n)
+        return Call({"trans_a": ta, "trans_b": tb}, [t(a, d), t(b, d)])
+    if op == "BmmFwdOp":
+        d, kk = draw(halves), 16 * draw(st.integers(0, 2))
+        return Call({}, [t((k, m, kk), d), t((k, kk, n), d)])
+    if op in ("AddFwdOp", "MulFwdOp"):
+        d = draw(st.sampled_from([F16, BF16, F32, torch.int32, torch.int64, torch.uint8]))
+        other = draw(st.sampled_from([(m, n), (n,), (1, n), ()]))
+        ctor = {"alpha": draw(st.sampled_from([1, 2, 0.5]))} if op == "AddFwdOp" else {}
+        return Call(ctor, [t((m, n), d), t(other, d)])
+    if op in ("SiluFwdOp", "ReluFwdOp"):
+        return Call({"inplace": draw(st.booleans())}, [t((m, n), draw(floats))])
+    if op == "GeluFwdOp":
+        return Call({"approximate": draw(st.sampled_from(["none", "tanh"]))}, [t((m, n), draw(floats))])
+    if op == "SiluAndMulFwdOp":
+        return Call({}, [t((m, 2 * n), draw(floats))])
+    if op == "ClampFwdOp":
+        d = draw(floats)
+        low = draw(st.sampled_from([t((m, n), d), t((n,), d), ("none",)]))
+        high = draw(st.sampled_from([t((m, n), d), ("none",)] if low != ("none",) else [t((m, n), d)]))
+        return Call({}, [t((m, n), d), low, high])
+    if op == "RopeNeoxFwdOp":
+        layout = draw(st.sampled_from(["1d", "2d"]))
+        shape = (m, 2 * n) if layout == "1d" else (k, m, 2, 2 * n)
+        return Call({"layout": layout, "base": 10000.0}, [t(shape, draw(floats))])
+    if op == "RopeNeoxPositionIdsFwdOp":
+        rotary = 2 * draw(st.integers(1, n))
+        ids = draw(st.sampled_from([torch.int32, torch.int64]))
+        return Call({"max_position": 64, "rotary_dim": rotary},
+                    [t((m, 2, 2 * n), draw(floats)), t((m,), ids)])
+    if op == "GroupedQueryAttentionFwdOp":
+        b, h, g, s = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+        d, dim = draw(halves), 2 * n
+        ctor = {"batch": b, "heads": h * g, "heads_kv": h, "seq_len": s, "dim": dim,
+                "is_causal": draw(st.booleans())}
+        return Call(ctor, [t((b, s, h * g, dim), d), t((b, s, h, dim), d), t((b, s, h, dim), d)])
+    if op == "GroupedQueryAttentionDecodeWithKVCacheFwdOp":
+        b, h, g, cap = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+        used = draw(st.integers(1, cap))
+        d, dim = draw(halves), 2 * n
+        ctor = {"batch": b, "heads": h * g, "heads_kv": h, "seqlen_kv": cap, "dim": dim}
+        return Call(ctor, [t((b, h * g, dim), d), t((b, used, h, dim), d), t((b, used, h, dim), d)])
+    raise AssertionError(f"no seed for {op}: add one when an op is added")
+
+
+# ---- mutations -----------------------------------------------------------------------------
+
+
+@st.composite
+def mutated(draw: st.DrawFn, op: str) -> Call:
+    call = draw(seeds(op))
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(
+            ["dtype", "dim", "rank", "device", "all_meta", "garbage", "arity", "param",
+             "strided", "gqa_scale"]
+        ))
+        tensors = [i for i, a in enumerate(call.args) if a[0] == "tensor"]
+        if kind == "arity":
+            if call.args and draw(st.booleans()):
+                call.args.pop()
+            else:
+                call.args.append(t((2,), F32))
+            call.broken.append("arity")
+        elif kind == "param" and call.ctor:
+            name = draw(st.sampled_from(sorted(call.ctor)))
+            call.ctor[name] = draw(st.sampled_from(HOSTILE_PARAMS))
+        elif kind == "gqa_scale" and "dim" in call.ctor and "heads_kv" in call.ctor:
+            call.ctor[draw(st.sampled_from(["sm_scale", "softcap"]))] = draw(
+                st.sampled_from([0.5, 30.0, -1.0, "x"])
+            )
+        elif kind == "garbage" and call.args:
+            at = draw(st.integers(0, len(call.args) - 1))
+            call.args[at] = ("garbage", draw(st.sampled_from(GARBAGE)))
+        elif kind == "all_meta" and tensors:
+            call.args = [(a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in call.args]
+        elif tensors:
+            at = draw(st.sampled_from(tensors))
+            _, shape, dtype, device, contiguous = call.args[at]
+            if kind == "dtype":
+                dtype = draw(st.sampled_from(DTYPES))
+            elif kind == "dim" and shape:
+                i = draw(st.integers(0, len(shape) - 1))
+                sizes = [0, 1, 2, 3, 7] + (HUGE if device == META else [])
+                shape = shape[:i] + (draw(st.sampled_from(sizes)),) + shape[i + 1:]
+            elif kind == "rank":
+                shape = shape[1:] if shape and draw(st.booleans()) else (draw(st.integers(1, 3)),) + shape
+            elif kind == "device":
+                device = META if device == CPU else CPU
+                if device == CPU and any(d > 64 for d in shape):
+                    device = META  # huge dims stay on meta
+            elif kind == "strided":
+                contiguous = False
+            call.args[at] = ("tensor", shape, dtype, device, contiguous)
+    return call
+
+
+# ---- the structural oracle: what must be rejected whatever the shape rules say -----------
+
+
+def structural_problems(op: str, call: Call) -> list[str]:
+    entry = manifest.entry(op)
+    problems = []
+    if len(call.args) > len(entry.inputs):
+        return [f"{len(call.args)} arguments for {len(entry.inputs)} inputs"]
+    # forward() gives optional inputs a default of None: leaving them out is passing None.
+    args = call.args + [("none",)] * (len(entry.inputs) - len(call.args))
+    devices = {a[3] for a in args if a[0] == "tensor"}
+    if len(devices) > 1:
+        problems.append("inputs on two devices")
+    dtypes: dict[str, torch.dtype] = {}
+    for decl, arg in zip(entry.inputs, args):
+        if arg[0] == "garbage":
+            problems.append(f"{decl.name} is not a tensor")
+        elif arg[0] == "none":
+            if not decl.optional:
+                problems.append(f"{decl.name} is required")
+        else:
+            dtypes[decl.name] = arg[2]
+            allowed = decl.dtypes if decl.same_as is None else (dtypes.get(decl.same_as),)
+            if arg[2] not in allowed:
+                problems.append(f"{decl.name} has dtype {arg[2]}")
+    return problems
+
+
+# ---- materialising -----------------------------------------------------------------------
+
+
+def tensor_of(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, contiguous: bool):
+    if device == META:
+        value = torch.empty(shape, dtype=dtype, device=META)
+    elif dtype.is_floating_point or dtype.is_complex:
+        value = torch.randn(shape, dtype=torch.float32).to(dtype)
+    else:
+        value = torch.zeros(shape, dtype=dtype)
+    if not contiguous and value.ndim >= 1:
+        # The same values, strided: a slice of a tensor twice as wide in its last dim.
+        wide = torch.empty((*shape[:-1], 2 * shape[-1]), dtype=dtype, device=device)
+        view = wide[..., ::2]
+        view.copy_(value)
+        value = view
+    return value
+
+
+def materialise(call: Call) -> list[Any]:
+    out = []
+    for arg in call.args:
+        if arg[0] == "tensor":
+            out.append(tensor_of(*arg[1:]))
+        elif arg[0] == "none":
+            out.append(None)
+        else:
+            out.append(arg[1])
+    return out
+
+
+def reference_outputs(op: str, entry: manifest.OpEntry, args: list[Any], params: dict) -> list:
+    """(dtype, shape) of each output, from torch's reference on meta copies of the inputs."""
+    metas = tuple(
+        None if a is None else torch.empty(a.shape, dtype=a.dtype, device=META) for a in args
+    )
+    result = run_reference(op, references.reference(op), metas, params)
+    outs = result if isinstance(result, tuple) else (result,)
+    return [(o.dtype, tuple(o.shape)) for o in outs]
+
+
+def call_params_of(op: Any, args: list[Any]) -> dict:
+    specs = [None if a is None else a for a in args]
+    return op._entry.call_params(specs, op.params)
+
+
+def known_gap(op: str, ctor: dict[str, Any], args: list[Any]) -> str | None:
+    """Calls validation accepts although the op's reference refuses them: each is pinned
+    by a strict xfail test below, and excluded from the property so it can find others."""
+    x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if x is None:
+        return None
+    if op == "AmaxFwdOp" and x.ndim > 0:
+        dim = ctor.get("dim")
+        dims = range(x.ndim) if dim is None else (dim,) if isinstance(dim, int) else dim
+        try:
+            if any(x.shape[d] == 0 for d in dims):
+                return "amax over an empty dim"
+        except (IndexError, TypeError):
+            return None
+    if op == "AddFwdOp" and isinstance(ctor.get("alpha"), (int, float)):
+        try:
+            one = torch.zeros(1, dtype=x.dtype)
+            torch.add(one, one, alpha=ctor["alpha"])
+        except RuntimeError:
+            return "alpha out of the range of the input dtype"
+    if op == "GroupNormFwdOp" and x.ndim >= 2:
+        groups = ctor.get("num_groups")
+        if isinstance(groups, int) and groups > 0 and x.shape[1] % groups == 0:
+            if x.shape[0] * (x.shape[1] // groups) * math.prod(x.shape[2:]) == 1:
+                return "group norm over one value per group"
+    return None
+
+
+def describe(op: str, call: Call) -> str:
+    return f"{op}({call.ctor}) called with {call.args}"
+
+
+# ---- the property -----------------------------------------------------------------------
+
+OPS = {cls.__name__: cls for cls in ALL_OPS}
+ALLOWED = (TypeError, ValueError)
+
+
+def outcome(text: str) -> None:
+    """Tallied by --hypothesis-show-statistics (shows the accepted/refused mix)."""
+    if currently_in_test_context():
+        event(text)
+
+
+def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
+    recorder.clear()
+    cls = OPS[op_name]
+    entry = manifest.entry(op_name)
+    context = describe(op_name, call)
+    try:
+        op = cls(**call.ctor)
+    except ALLOWED as error:
+        assert op_name in str(error), f"{context}: constructor error does not name the op: {error}"
+        outcome("refused by the constructor")
+        return
+    args = materialise(call)
+    originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    problems = structural_problems(op_name, call)
+    scored = any(call.ctor.get(p) not in (None,) for p in ("sm_scale", "softcap"))
+
+    try:
+        result = op(*args)
+    except Exception as error:  # noqa: BLE001 - classified below
+        if recorder.builds and known_gap(op_name, call.ctor, args):
+            return  # pinned by its own xfail test below
+        if recorder.builds:
+            raise AssertionError(
+                f"{context}: validation let the call through to the builder, then "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        allowed = ALLOWED + ((OpNotAvailableError,) if scored else ())
+        assert isinstance(error, allowed), f"{context}: {type(error).__name__}: {error}"
+        assert op_name in str(error) or "forward()" in str(error), (
+            f"{context}: the error does not name the op: {error}"
+        )
+        outcome(f"refused by the call: {type(error).__name__}")
+        return
+
+    outcome("accepted on " + ("meta" if any(
+        isinstance(a, torch.Tensor) and a.device == META for a in args) else "cpu"))
+    # Accepted. Optional inputs left out reach the builder and the kernel as None.
+    assert problems == [], f"{context}: accepted although {problems}"
+    slots = args + [None] * (len(entry.inputs) - len(args))
+    assert len(recorder.builds) == 1, f"{context}: {len(recorder.builds)} builder calls"
+    (_, specs), = recorder.builds
+    assert [None if s is None else (s.device, s.dtype, tuple(s.shape)) for s in specs] == [
+        None if a is None else (a.device, a.dtype, tuple(a.shape)) for a in slots
+    ], f"{context}: the builder got other specs than the call's"
+    assert all(all(flags) for _, flags in recorder.kernel_calls), (
+        f"{context}: a kernel received a non-contiguous tensor"
+    )
+    params = call_params_of(op, slots)
+    if op.params.get("inplace"):
+        assert result is args[0], f"{context}: an in-place op returns its input"
+        outs: tuple = (result,)
+    else:
+        expected = reference_outputs(op_name, entry, slots, params)
+        outs = result if isinstance(result, tuple) else (result,)
+        assert [(o.dtype, tuple(o.shape)) for o in outs] == expected, context
+        assert all(o.device == next(a.device for a in args if a is not None) for o in outs)
+    if outs[0].device == CPU:
+        # Values too: the op layer handed the kernel the right tensors in the right slots,
+        # its contiguous copies were faithful and an in-place result was written back.
+        padded = originals + [None] * (len(entry.inputs) - len(originals))
+        want = references.reference(op_name)(*padded, **params)
+        want = want if isinstance(want, tuple) else (want,)
+        for got, wanted in zip(outs, want):
+            torch.testing.assert_close(got, wanted, rtol=0, atol=0, equal_nan=True,
+                                       msg=lambda m: f"{context}: {m}")
+    if op.params.get("inplace"):
+        return
+
+    # The same instance, now warm: a broken call must still be refused (a memo hit skips
+    # validation only for signatures that passed it), and a repeat call builds nothing.
+    before = len(recorder.builds)
+    assert op(*args) is not None and len(recorder.builds) == before
+    broken = list(args)
+    broken[0] = "not a tensor"
+    with pytest.raises(TypeError, match=op_name):
+        op(*broken)
+    assert len(recorder.builds) == before
+
+
+@pytest.mark.parametrize("op_name", sorted(OPS))
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_every_op_rejects_hostile_calls_with_a_named_error_before_the_backend_and_serves_valid_ones(
+    op_name, data, recorder
+):
+    call = data.draw(mutated(op_name), label="call")
+    check_one(op_name, call, recorder)
+
+
+@pytest.mark.parametrize("op_name", sorted(OPS))
+def test_structurally_broken_calls_never_reach_the_builder(op_name, recorder):
+    """Deterministic companions to the property: one call per structural rule."""
+    base = _valid_call(op_name)
+    cases = {
+        "a required input left out": base.args[: _required(op_name) - 1],
+        "too many arguments": base.args + [t((2,), F32)],
+        "a non-tensor first input": [("garbage", 3.0)] + base.args[1:],
+        "two devices": [base.args[0]] + [
+            (a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in base.args[1:]
+        ],
+        "a dtype outside the declared set": [
+            ("tensor", base.args[0][1], torch.float64, CPU, True)
+        ] + base.args[1:],
+    }
+    if sum(a[0] == "tensor" for a in base.args) < 2:
+        del cases["two devices"]
+    for what, args in cases.items():
+        call = Call(dict(base.ctor), list(args))
+        assert structural_problems(op_name, call), what
+        recorder.clear()
+        op = OPS[op_name](**call.ctor)
+        with pytest.raises(ALLOWED) as info:
+            op(*materialise(call))
+        assert op_name in str(info.value) or "forward()" in str(info.value), (what, info.value)
+        assert recorder.builds == [] and recorder.kernel_calls == [], what
+
+
+def _required(op: str) -> int:
+    return sum(not i.optional for i in manifest.entry(op).inputs)
+
+
+def _valid_call(op: str) -> Call:
+    """The smallest seed call for ``op`` whose tensors are all non-empty."""
+    return find(
+        seeds(op),
+        lambda call: all(all(s >= 1 for s in a[1]) for a in call.args if a[0] == "tensor"),
+        settings=settings(database=None, deadline=None, suppress_health_check=list(HealthCheck)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("op_name", "ctor", "shapes"),
+    [
+        ("RMSNormFwdOp", {"normalized_shape": (8,)}, [(2**40, 8), (8,)]),
+        ("SoftmaxFwdOp", {"dim": -1}, [(2**31 + 1, 4)]),
+        ("GemmFwdOp", {}, [(2**31 + 1, 16), (8, 16)]),
+        ("AddFwdOp", {}, [(3, 2**40), (2**40,)]),
+    ],
+    ids=["rms_norm", "softmax", "gemm", "add"],
+)
+def test_huge_dims_on_the_meta_device_are_validated_and_served_without_allocating(
+    recorder, op_name, ctor, shapes
+):
+    dtype = F16
+    args = [torch.empty(shape, dtype=dtype, device=META) for shape in shapes]
+    out = OPS[op_name](**ctor)(*args)
+    assert len(recorder.builds) == 1
+    expected = reference_outputs(op_name, manifest.entry(op_name), args,
+                                 call_params_of(OPS[op_name](**ctor), args))
+    assert [(out.dtype, tuple(out.shape))] == expected and out.device == META
+
+
+# ---- what the property found ---------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: AmaxFwdOp's manifest (src/tileops/manifest/reduction.yaml) accepts a "
+    "reduction over an empty dim, which has no result (no identity for max); the call "
+    "reaches the builder and the kernel raises IndexError instead of validation raising "
+    "ValueError",
+)
+@pytest.mark.parametrize(("shape", "dim"), [((0, 4), 0), ((3, 0), None), ((2, 0, 5), (1, 2))])
+def test_an_amax_over_an_empty_dim_is_rejected_before_the_backend(recorder, shape, dim):
+    op = OPS["AmaxFwdOp"](dim=dim)
+    with pytest.raises(ValueError, match="AmaxFwdOp"):
+        op(torch.zeros(shape))
+    assert recorder.builds == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: AddFwdOp's manifest (src/tileops/manifest/elementwise_binary.yaml) accepts "
+    "any int alpha; one the inputs' dtype cannot hold reaches the builder and the kernel "
+    "fails (torch: 'value cannot be converted to type int without overflow') instead of "
+    "validation raising ValueError",
+)
+@pytest.mark.parametrize(("dtype", "alpha"), [(torch.int32, 2**40), (torch.uint8, 300),
+                                              (torch.float16, 2**40)])
+def test_an_add_alpha_the_input_dtype_cannot_hold_is_rejected_before_the_backend(
+    recorder, dtype, alpha
+):
+    op = OPS["AddFwdOp"](alpha=alpha)
+    with pytest.raises(ValueError, match="alpha"):
+        op(torch.zeros(2, 3, dtype=dtype), torch.zeros(2, 3, dtype=dtype))
+    assert recorder.builds == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: GroupNormFwdOp's manifest (src/tileops/manifest/normalization.yaml) "
+    "accepts groups that hold a single value each, which its ref_api "
+    "torch.nn.functional.group_norm refuses ('Expected more than 1 value per channel'); "
+    "the manifest and the reference disagree on which calls are valid",
+)
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2, 1)])
+def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes(
+    recorder, shape
+):
+    groups = shape[1]
+    op = OPS["GroupNormFwdOp"](num_groups=groups)
+    x = torch.randn(shape)
+    try:
+        out = op(x)
+    except ValueError:
+        assert recorder.builds == []  # rejected by validation: consistent with the reference
+        return
+    expected = references.reference("GroupNormFwdOp")(x, None, None, num_groups=groups, eps=1e-5)
+    assert out.shape == expected.shape
