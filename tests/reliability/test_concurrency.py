@@ -118,6 +118,32 @@ def test_concurrent_first_calls_with_one_signature_run_the_builder_once_and_shar
     assert op.kernel_cache_stats()["builds"] == 1 and op.kernel_cache_stats()["size"] == 1
 
 
+def test_threads_waiting_on_a_build_that_fails_wake_up_and_one_of_them_builds_again():
+    racers = 6
+    arrivals = Arrivals(racers)
+    attempts: list[int] = []
+
+    def build(x, weight, *, normalized_shape, eps):
+        attempts.append(1)
+        if len(attempts) == 1:
+            assert arrivals.all_here.wait(JOIN_S)
+            time.sleep(0.2)  # the others are waiting on this build now
+            raise RuntimeError("out of registers")
+        return rms_kernel("second try", [])
+
+    register_detector("flaky", arrivals.detect)
+    register_kernel_builder("RMSNormFwdOp", "flaky", build)
+    op = RMSNormFwdOp(normalized_shape=(64,))
+    x, w = meta(4, 64), meta(64)
+
+    results = run_threads(*[lambda: op(x, w) for _ in range(racers)])
+
+    errors = raised(results)
+    assert len(errors) == 1 and "out of registers" in str(errors[0])
+    assert len(attempts) == 2, "after the failure exactly one waiter builds again"
+    assert op.settled_target == "flaky" and op.kernel_cache_stats()["size"] == 1
+
+
 @pytest.mark.parametrize("instances", ["one instance", "two instances"])
 def test_first_calls_with_different_signatures_build_in_parallel(instances):
     # Each builder waits for the other to have started: if building one key held a lock
@@ -300,6 +326,52 @@ def test_a_thread_waiting_for_another_threads_build_releases_the_gil(fresh_packa
     # The third thread kept running Python while B waited (within a wide margin of what it
     # managed before B arrived: the machine is shared and noisy).
     assert result["waiting"] > 0.1 * result["baseline"], result
+
+
+_FORK_SCRIPT = """
+import os, signal, threading, torch
+from tileops.backend import register_detector, register_kernel_builder
+from tileops.ops import SoftmaxFwdOp
+
+building, release = threading.Event(), threading.Event()
+
+def build(x, *, dim):
+    building.set()
+    release.wait(60)
+    return lambda x: torch.empty_like(x)
+
+register_detector("slow", lambda device: device.type == "meta")
+register_kernel_builder("SoftmaxFwdOp", "slow", build)
+op = SoftmaxFwdOp(dim=-1)
+x = torch.empty(2, 3, device="meta")
+builder = threading.Thread(target=op, args=(x,), daemon=True)
+builder.start()
+assert building.wait(30)
+child = os.fork()   # e.g. a DataLoader worker starting while a kernel is being built
+if child == 0:
+    signal.alarm(4)     # a child stuck on the memo dies of SIGALRM
+    op(x)
+    os._exit(0)
+release.set()
+builder.join(30)
+_, status = os.waitpid(child, 0)
+report(child_exit=os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a process forked while another thread builds a kernel inherits the "
+    "pending memo slot (csrc/engine/kernel_cache.cc, KernelCache::get_or_build) whose "
+    "builder thread does not exist in the child; the child's first call with that "
+    "signature waits on it forever",
+)
+def test_a_child_forked_while_a_build_is_in_flight_can_still_call_the_op(fresh_packages):
+    result = run_fresh(_FORK_SCRIPT, fresh_packages, timeout=120)
+    assert result["_rc"] == 0, explain(result)
+    assert result["child_exit"] == 0, (
+        f"the forked child exited {result['child_exit']} (-14: stuck, killed by SIGALRM)"
+    )
 
 
 # ---- discovery racing ------------------------------------------------------------------
