@@ -874,6 +874,30 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
     for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
 }
 
+// In-register transpose of a 16x16 matrix of 32-bit words: v[r] lane c -> v[c] lane r.
+inline void transpose16x16_epi32(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // v[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+    v[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i u0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
+    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
+    t[4 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
 inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
   if (k == 0) {
@@ -914,16 +938,21 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
               }
               continue;
             }
-            if (full && g.b_row == 1 && g.b_col < (int64_t{1} << 26)) {
-              // columns of B contiguous along K: each pair is one 32-bit word; gather the
-              // same pair from 16 columns at once (strided scalar copies were latency-bound)
-              const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                     _mm512_set1_epi32(static_cast<int>(g.b_col)));
-              const bf16_t* base0 = B + col0 * g.b_col + pc;
-              const bf16_t* base1 = base0 + 16 * g.b_col;
-              for (int64_t kp = 0; kp < kcp; ++kp) {
-                _mm512_storeu_si512(dst + kp * 64, _mm512_i32gather_epi32(idx, base0 + 2 * kp, 2));
-                _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_i32gather_epi32(idx, base1 + 2 * kp, 2));
+            if (full && g.b_row == 1) {
+              // columns of B contiguous along K (the NT layout): each K pair is one 32-bit
+              // word, so a panel is a transpose of 32-bit words: 16 columns x 16 pairs per
+              // 16x16 register transpose (a gather per pair was the bottleneck)
+              for (int h = 0; h < 2; ++h) {
+                const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
+                uint16_t* dh = dst + 32 * h;
+                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                  __m512i rows[16];
+                  for (int r = 0; r < 16; ++r) rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
+                  transpose16x16_epi32(rows);
+                  for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
+                }
               }
               continue;
             }
