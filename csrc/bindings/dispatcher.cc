@@ -162,8 +162,10 @@ class Dispatcher {
     KeyBuffer key;
     std::array<bool, kMaxSlots> contiguous;
     if (!key_of(items, count, key, contiguous.data())) return miss(items, count);
-    if (const Handle* kernel = cache_.find(key.view())) {
-      return launch(static_cast<PyObject*>(kernel->get()), items, contiguous.data());
+    if (const Handle* found = cache_.find(key.view())) {
+      // Owned for the launch: a kernel that lets the GIL go may be evicted meanwhile.
+      nb::object kernel = nb::borrow(static_cast<PyObject*>(found->get()));
+      return launch(kernel.ptr(), items, contiguous.data());
     }
     nb::object kernel = miss(items, count);
     nb::object result = launch(kernel.ptr(), items, contiguous.data());

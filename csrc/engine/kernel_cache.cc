@@ -1,5 +1,7 @@
 #include "engine/kernel_cache.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 
 #include "engine/errors.h"
@@ -7,6 +9,19 @@
 namespace tileops::engine {
 namespace {
 std::atomic<size_t> g_capacity{KernelCache::kDefaultCapacity};
+std::atomic<uint64_t> g_generation{0};
+
+void count_fork_in_child() { g_generation.fetch_add(1, std::memory_order_relaxed); }
+
+// Registered once per process, before any build can be pending.
+const bool g_fork_handler_installed = [] {
+  return pthread_atfork(nullptr, nullptr, count_fork_in_child) == 0;
+}();
+}  // namespace
+
+uint64_t KernelCache::fork_generation() {
+  (void)g_fork_handler_installed;
+  return g_generation.load(std::memory_order_relaxed);
 }
 
 size_t KernelCache::capacity() { return g_capacity.load(std::memory_order_relaxed); }
@@ -35,6 +50,10 @@ Handle KernelCache::get_or_build(std::span<const int64_t> key, int64_t role,
     }
     // Another call is building this key: wait for it without holding the owner lock.
     std::shared_ptr<BuildSync> sync = it->second.pending;
+    if (sync->generation != fork_generation()) {
+      slots_.erase(it);  // started before a fork: its builder is not in this process
+      break;
+    }
     if (sync->builder == me) {
       throw EngineError(EngineError::Kind::kBackend, messages::recursive_build(label_));
     }
@@ -49,6 +68,7 @@ Handle KernelCache::get_or_build(std::span<const int64_t> key, int64_t role,
 
   auto sync = std::make_shared<BuildSync>();
   sync->builder = me;
+  sync->generation = fork_generation();
   std::vector<int64_t> stored_key(key.begin(), key.end());
   slots_.emplace(stored_key, Slot{nullptr, role, 0, sync});
 

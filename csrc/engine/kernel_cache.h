@@ -87,6 +87,7 @@ class KernelCache {
  private:
   struct BuildSync {
     std::thread::id builder;
+    uint64_t generation;  // process generation (see fork_generation) it was started in
     std::mutex mutex;
     std::condition_variable done_cv;
     bool done = false;
@@ -99,6 +100,9 @@ class KernelCache {
   };
 
   static void finish(BuildSync& sync);
+  // Counts forks: a child process inherits pending builds whose builder thread does not
+  // exist there; a build started in an earlier generation is treated as abandoned.
+  static uint64_t fork_generation();
   // Removes least recently used kernels beyond capacity; the removed handles are
   // appended to `released` so the caller drops them once the table is consistent.
   void evict_beyond_capacity(std::vector<Handle>& released);

@@ -7,6 +7,9 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "engine/errors.h"
 #include "tests/test_support.h"
 
@@ -133,6 +136,37 @@ TEST_F(KernelCacheTest, ABuilderWaitingOnItsOwnKeyIsAnErrorNotADeadlock) {
     EXPECT_NE(std::string(error.what()).find("RMSNormFwdOp"), std::string::npos);
   }
   EXPECT_EQ(cache.size(), 0u);
+}
+
+TEST_F(KernelCacheTest, AChildForkedDuringABuildBuildsTheKeyItself) {
+  KernelCache cache("Op");
+  std::atomic<bool> building{false}, release{false};
+  std::thread builder([&] {
+    std::lock_guard owner_lock(owner_mutex);
+    MutexOwner owner(owner_mutex);
+    cache.get_or_build(key_for(5), 0, [&] {
+      owner.unlock();  // like a Python builder letting the GIL go
+      building = true;
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      owner.lock();
+      return kernel("parent");
+    }, owner);
+  });
+  while (!building) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const pid_t child = fork();
+  if (child == 0) {
+    // The builder thread does not exist here: waiting for it would hang forever.
+    alarm(10);
+    std::lock_guard owner_lock(owner_mutex);
+    MutexOwner owner(owner_mutex);
+    Handle built = cache.get_or_build(key_for(5), 0, [] { return kernel("child"); }, owner);
+    _exit(text_of(built) == "child" ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  release = true;
+  builder.join();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 TEST(Signature, KeysDecodeToDeviceAndSlotsInOrder) {

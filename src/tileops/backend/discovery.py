@@ -55,15 +55,17 @@ def _discover() -> None:
                     raise  # reaches the caller; discovery stays undone and can be retried
                 except BaseException as error:  # noqa: BLE001 - one broken plugin must not break tileops
                     _registry.rollback_transaction()
-                    line = f"{ep.name} ({ep.value}): {type(error).__name__}: {error}"
-                    _registry.add_load_failure(line)
-                    failures.append(line)
+                    failures.append(f"{ep.name} ({ep.value}): {type(error).__name__}: {error}")
                 else:
                     _registry.commit_transaction()
                 top = ep.value.split(":")[0].split(".")[0]
                 _imported_modules.extend(
                     name for name in sys.modules if name == top or name.startswith(top + ".")
                 )
+            # Recorded once the pass completes: an interrupted pass is retried whole, and
+            # its failures must not be listed twice.
+            for line in failures:
+                _registry.add_load_failure(line)
             _discovered = True
         finally:
             _running_in = None

@@ -92,10 +92,21 @@ def reduced_shape(
     return tuple(s for i, s in enumerate(shape) if i not in axes)
 
 
+def representable(value: int | float, dtype: Any) -> bool:
+    """Whether a Python number converts to ``dtype`` without overflow (bool takes any)."""
+    import torch  # local: the expression helpers stay importable without torch loaded
+
+    if dtype == torch.bool:
+        return True
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
 HELPERS: dict[str, Any] = {
     "prod": prod,
     "broadcast_shapes": broadcast_shapes,
     "broadcastable": broadcastable,
+    "representable": representable,
     "reduced_shape": reduced_shape,
     "len": len,
     "tuple": tuple,

@@ -152,7 +152,9 @@ class Op:
         self.tune = bool(tune)
         self._settled: Target | None = None
         self._fetch_target = threading.local()
-        self._in_tree_by_key: dict[Any, Any] = {}
+        # In-tree kernels shared between signatures with one compile key; weak, so the
+        # memo's bound and eviction stay the only thing keeping a kernel alive.
+        self._in_tree_by_key: weakref.WeakValueDictionary[Any, Any] = weakref.WeakValueDictionary()
         self._dispatcher = _C.Dispatcher(
             type(self).__name__,
             len(entry.inputs),
@@ -331,11 +333,15 @@ class Op:
         )
 
     def _build_in_tree(self, key: Any, build: Callable[[], Any]) -> Any:
-        if key is not None and key in self._in_tree_by_key:
-            return self._in_tree_by_key[key]
+        kernel = self._in_tree_by_key.get(key) if key is not None else None
+        if kernel is not None:
+            return kernel
         kernel = build()
         if key is not None:
-            self._in_tree_by_key[key] = kernel
+            try:
+                self._in_tree_by_key[key] = kernel
+            except TypeError:  # not weak-referenceable: simply not shared
+                pass
         return kernel
 
     def _build_external(
