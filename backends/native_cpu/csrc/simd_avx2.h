@@ -91,6 +91,7 @@ struct Simd {
     const F r = _mm256_rcp_ps(a);
     return _mm256_mul_ps(r, _mm256_fnmadd_ps(a, r, _mm256_set1_ps(2.f)));
   }
+  static F rcp_estimate(F a) { return rcp(a); }
   static constexpr bool kHasScalef = false;
   static F scalef(F p, F) { return p; }
   static F pow2n(F n) {

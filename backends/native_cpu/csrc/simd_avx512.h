@@ -77,6 +77,7 @@ struct Simd {
     return _mm512_mul_ps(r, _mm512_fnmadd_ps(a, r, _mm512_set1_ps(2.f)));
   }
   // p * 2^n for integral n, with correct overflow, underflow and subnormals
+  static F rcp_estimate(F a) { return _mm512_rcp14_ps(a); }
   static constexpr bool kHasScalef = true;
   static F scalef(F p, F n) { return _mm512_scalef_ps(p, n); }
   // 2^n for integral n in [-126, 127]

@@ -36,6 +36,7 @@ struct Simd {
   static F transpose_add(const F* v) { return v[0]; }
   static F round(F a) { return std::nearbyint(a); }
   static F rcp(F a) { return 1.f / a; }
+  static F rcp_estimate(F a) { return 1.f / a; }
   static constexpr bool kHasScalef = false;
   static F scalef(F p, F) { return p; }
   static F pow2n(F n) { return tnc::bits_float(static_cast<uint32_t>(static_cast<int>(n) + 127) << 23); }

@@ -62,6 +62,25 @@ def test_activations_match_torch_on_lengths_off_the_vector_width(dtype, numel, n
     close(out, ref.to(dtype))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", ["silu", "gelu", "gelu_tanh"])
+def test_activations_hold_their_tolerance_over_a_wide_range_and_in_the_tails(dtype, name):
+    # the kernels use an exp polynomial, reciprocal estimates and (float16/bfloat16) a
+    # shorter polynomial: compare with float64 over [-30, 30], where the tails are tiny
+    x = torch.linspace(-30, 30, 60001).to(dtype)
+    if name == "silu":
+        out, ref = run(b.build_silu, x, inplace=False), F.silu(x.double())
+    elif name == "gelu":
+        out, ref = run(b.build_gelu, x, approximate="none"), F.gelu(x.double())
+    else:
+        out = run(b.build_gelu, x, approximate="tanh")
+        xd = x.double()
+        ref = xd * torch.sigmoid(2 * 0.7978845608028654 * (xd + 0.044715 * xd**3))
+    close(out, ref.to(dtype))
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=2e-6)
+
+
 @pytest.mark.parametrize("build,ref", [(b.build_silu, F.silu), (b.build_relu, F.relu)])
 def test_inplace_activation_writes_input_and_returns_that_same_tensor(build, ref):
     x = torch.randn(3, 77, dtype=torch.bfloat16)
