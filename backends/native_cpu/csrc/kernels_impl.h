@@ -872,8 +872,10 @@ constexpr int kMRb = 12;
 constexpr int64_t kKCb = 1024;  // K per block (512 pairs): A micro-panel 24 KB, B panel 64 KB
 constexpr int64_t kNCb = 1024;
 
+// With `out` set (the whole K in one block) the tile is rounded and stored to the bf16
+// result directly, skipping the float accumulator's round trip.
 inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, const uint16_t* __restrict bp, float* __restrict c,
-                            int64_t ldc, int mr, int nr, bool first) {
+                            int64_t ldc, int mr, int nr, bool first, bf16_t* __restrict out = nullptr, int64_t ldo = 0) {
   __m512 acc0[kMRb], acc1[kMRb];
 #pragma GCC unroll 16
   for (int r = 0; r < kMRb; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -888,6 +890,16 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
       acc0[r] = _mm512_dpbf16_ps(acc0[r], b0, av);
       acc1[r] = _mm512_dpbf16_ps(acc1[r], b1, av);
     }
+  }
+  if (out != nullptr) {
+    const __mmask16 m0 = static_cast<__mmask16>(nr >= 16 ? 0xffffu : (1u << nr) - 1u);
+    const __mmask16 m1 = static_cast<__mmask16>(nr >= 32 ? 0xffffu : nr <= 16 ? 0u : (1u << (nr - 16)) - 1u);
+    for (int r = 0; r < mr; ++r) {
+      bf16_t* row = out + r * ldo;
+      _mm256_mask_storeu_epi16(row, m0, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc0[r])));
+      _mm256_mask_storeu_epi16(row + 16, m1, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc1[r])));
+    }
+    return;
   }
   if (mr == kMRb && nr == 32) {
 #pragma GCC unroll 16
@@ -1037,10 +1049,10 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
               for (int64_t ir = 0; ir < mcur; ir += kMRb) {
                 const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
                 micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
-                                first);
+                                first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
               }
             }
-            if (last) {
+            if (last && !first) {
               for (int64_t i = ic; i < ic + mcur; ++i) {
                 const float* crow = cacc + i * nc_max;
                 bf16_t* drow = D + i * n + jc;
