@@ -1074,12 +1074,12 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
 // NB rows of B at a time, one accumulator per (A row, B row), reduced horizontally once
 // per output. NN (B rows contiguous along N): CV vectors of columns at a time over all K.
 
-constexpr int64_t kSkinnyM = 4;
+constexpr int64_t kSkinnyM = 16;
 
 template <int MR>
 constexpr int skinny_nt_rows() {
   // accumulators MR x NB within half the register file
-  return W >= 16 ? (MR <= 2 ? 8 : 4) : (W >= 8 ? (MR <= 2 ? 4 : 2) : 2);
+  return W >= 16 ? (MR <= 2 ? 8 : MR <= 4 ? 4 : 2) : (W >= 8 ? (MR <= 2 ? 4 : MR <= 4 ? 2 : 1) : (MR <= 4 ? 2 : 1));
 }
 
 template <class T, int MR, int NB>
@@ -1131,7 +1131,7 @@ void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, 
 
 template <class T, int MR>
 void skinny_nn(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t c0, int64_t c1) {
-  constexpr int CV = W >= 16 ? (MR <= 2 ? 8 : 4) : (W >= 8 ? (MR <= 2 ? 4 : 2) : 4);
+  constexpr int CV = W >= 16 ? (MR <= 2 ? 8 : MR <= 4 ? 4 : 2) : (W >= 8 ? (MR <= 2 ? 4 : MR <= 4 ? 2 : 1) : 4);
   for (int64_t j = c0; j < c1; j += CV * W) {
     const int64_t cols = std::min<int64_t>(CV * W, c1 - j);
     F acc[MR][CV];
@@ -1192,12 +1192,23 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
     }
     if (nt) {
       const int64_t ldb = g.b_col;
+      // more than 8 rows: groups of 8 over sub-blocks of B rows small enough to stay in L2
+      const int64_t jb = std::max<int64_t>(8, (int64_t{1} << 18) / bytes_per_col);
       tnc::parallel_for(n, grain_cols, threads, [&](int64_t j0, int64_t j1) {
-        switch (m) {
-          case 1: skinny_nt<T, 1>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-          case 2: skinny_nt<T, 2>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-          case 3: skinny_nt<T, 3>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-          default: skinny_nt<T, 4>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+        for (int64_t jj0 = j0; jj0 < j1; jj0 += jb) {
+          const int64_t jj1 = std::min(j1, jj0 + jb);
+          for (int64_t r0 = 0; r0 < m; r0 += 8) {
+            switch (std::min<int64_t>(8, m - r0)) {
+              case 1: skinny_nt<T, 1>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 2: skinny_nt<T, 2>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 3: skinny_nt<T, 3>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 4: skinny_nt<T, 4>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 5: skinny_nt<T, 5>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 6: skinny_nt<T, 6>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 7: skinny_nt<T, 7>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              default: skinny_nt<T, 8>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            }
+          }
         }
       });
     } else {
@@ -1205,11 +1216,20 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
       const int64_t blocks = (n + W - 1) / W;  // split on whole vectors of columns
       tnc::parallel_for(blocks, std::max<int64_t>(1, grain_cols / W), threads, [&](int64_t b0, int64_t b1) {
         const int64_t c0 = b0 * W, c1 = std::min(n, b1 * W);
-        switch (m) {
-          case 1: skinny_nn<T, 1>(ap, kp, B, ldb, k, D, n, c0, c1); break;
-          case 2: skinny_nn<T, 2>(ap, kp, B, ldb, k, D, n, c0, c1); break;
-          case 3: skinny_nn<T, 3>(ap, kp, B, ldb, k, D, n, c0, c1); break;
-          default: skinny_nn<T, 4>(ap, kp, B, ldb, k, D, n, c0, c1); break;
+        for (int64_t cc0 = c0; cc0 < c1; cc0 += 8 * W) {  // groups of 8 rows share each column block
+          const int64_t cc1 = std::min(c1, cc0 + 8 * W);
+          for (int64_t r0 = 0; r0 < m; r0 += 8) {
+            switch (std::min<int64_t>(8, m - r0)) {
+              case 1: skinny_nn<T, 1>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 2: skinny_nn<T, 2>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 3: skinny_nn<T, 3>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 4: skinny_nn<T, 4>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 5: skinny_nn<T, 5>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 6: skinny_nn<T, 6>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              case 7: skinny_nn<T, 7>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+              default: skinny_nn<T, 8>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, cc0, cc1); break;
+            }
+          }
         }
       });
     }
@@ -1257,7 +1277,7 @@ inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, cons
 template <int MR>
 void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n, int64_t j0,
                     int64_t j1) {
-  constexpr int NB = MR <= 2 ? 8 : 4;
+  constexpr int NB = MR <= 2 ? 8 : MR <= 4 ? 4 : 2;
   float out[MR][NB];
   for (int64_t j = j0; j < j1; j += NB) {
     const int nb = static_cast<int>(std::min<int64_t>(NB, j1 - j));
@@ -1286,12 +1306,22 @@ inline void gemm_skinny_bf16_nt(const tnc::GemmArgs& g, int threads) {
       }
       for (int64_t kk = k; kk < kp; ++kk) dst[kk] = 0;
     }
+    const int64_t jb = std::max<int64_t>(8, (int64_t{1} << 18) / (2 * std::max<int64_t>(1, k)));
     tnc::parallel_for(n, grain, threads, [&](int64_t j0, int64_t j1) {
-      switch (m) {
-        case 1: skinny_nt_bf16<1>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-        case 2: skinny_nt_bf16<2>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-        case 3: skinny_nt_bf16<3>(ap, kp, B, ldb, k, D, n, j0, j1); break;
-        default: skinny_nt_bf16<4>(ap, kp, B, ldb, k, D, n, j0, j1); break;
+      for (int64_t jj0 = j0; jj0 < j1; jj0 += jb) {  // groups of 8 rows over L2-sized blocks of B
+        const int64_t jj1 = std::min(j1, jj0 + jb);
+        for (int64_t r0 = 0; r0 < m; r0 += 8) {
+          switch (std::min<int64_t>(8, m - r0)) {
+            case 1: skinny_nt_bf16<1>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 2: skinny_nt_bf16<2>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 3: skinny_nt_bf16<3>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 4: skinny_nt_bf16<4>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 5: skinny_nt_bf16<5>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 6: skinny_nt_bf16<6>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            case 7: skinny_nt_bf16<7>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+            default: skinny_nt_bf16<8>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+          }
+        }
       }
     });
   }

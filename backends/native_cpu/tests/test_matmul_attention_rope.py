@@ -17,11 +17,11 @@ def test_gemm_matches_matmul_in_every_layout(dtype, trans_a, trans_b, m, n, k):
     close(out, ref.to(dtype), scale=max(1.0, k**0.5 / 4) * (10 if dtype == torch.float32 else 1))
 
 
-# m <= 4 takes the skinny (GEMV) path, which streams B in place: odd K and N off the vector
-# width, one column, one K, and each of m = 1..4 against the blocked path at m = 5.
+# m <= 16 takes the skinny (GEMV) path, which streams B in place: odd K and N off the vector
+# width, one column, one K; m up to 16 (groups of 8 rows) against the blocked path at m = 17.
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17])
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 1), (1, 45), (131, 77), (33, 1030), (300, 17)])
 def test_skinny_gemm_matches_matmul(dtype, trans_a, trans_b, m, n, k):
     a = torch.randn((k, m) if trans_a else (m, k), dtype=dtype)
