@@ -144,7 +144,10 @@ inline F vexp_neg(F x) {
   if constexpr (!S::kHasScalef) {
     return vexp<Fast>(S::sub(S::zero(), x));
   } else {
-    const F xc = S::min(S::set1(104.f), S::max(S::set1(-88.3f), x));
+    // Below -88.3 the result overflows to +inf through vscalefps; the Fast polynomial (even
+    // degree) is positive everywhere, so no clamp is needed on that side. Above 104 it
+    // must be clamped, or a huge reduced argument would turn 0 into inf.
+    const F xc = Fast ? S::min(S::set1(104.f), x) : S::min(S::set1(104.f), S::max(S::set1(-88.3f), x));
     const F n = S::round(S::mul(xc, S::set1(-1.44269504088896341f)));
     F u, p;
     if constexpr (Fast) {
@@ -177,8 +180,8 @@ inline F vrcp(F a) {
   }
 }
 
-// x * sigmoid(x) = x / (1 + e^-x), with a reciprocal instead of the division; e^-x is
-// clamped below 2^128, so the reciprocal's argument is always finite
+// x * sigmoid(x) = x / (1 + e^-x), with a reciprocal instead of the division (1/inf = 0:
+// far below zero the result is -0, as the exact value underflows)
 template <bool Fast = false>
 inline F vsilu(F x) { return S::mul(x, vrcp<Fast>(S::add(S::set1(1.f), vexp_neg<Fast>(x)))); }
 
@@ -442,13 +445,53 @@ void silu_and_mul(const tnc::GatedArgs& a, int threads) {
   // split columns too, so that one long row still uses every thread
   const int64_t col_block = std::max<int64_t>(W, ((n + 3) / 4 + W - 1) / W * W);
   const int64_t blocks = (n + col_block - 1) / col_block;
+  // A result much larger than the caches is written with streaming stores (no read for
+  // ownership of lines that are overwritten whole); a small one stays in cache for the next op.
+  [[maybe_unused]] const bool stream = a.rows * n * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20);
   tnc::parallel_for(a.rows * blocks, std::max<int64_t>(1, 8192 / col_block), threads, [&](int64_t i0, int64_t i1) {
+#if defined(TNC_AVX512_BF16_GEMM)
+    struct Fence {
+      bool on;
+      ~Fence() { if (on) _mm_sfence(); }
+    } fence{stream && std::is_same_v<T, bf16_t>};
+#endif
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t r = item / blocks, c0 = (item % blocks) * col_block, c1 = std::min(n, c0 + col_block);
       const T* gate = static_cast<const T*>(a.x) + r * 2 * n;
       const T* val = gate + n;
       T* y = static_cast<T*>(a.out) + r * n;
-      for (int64_t i = c0; i < c1; i += W) {
+      int64_t i = c0;
+#if defined(TNC_AVX512_BF16_GEMM)
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        // 32 bfloat16 per load: even elements widen with a shift, odd ones with a mask (no
+        // cross-lane unpacking); the two float results are packed by one vcvtne2ps2bf16 and
+        // re-interleaved by one vpermw
+        const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+        const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
+                                               20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        if (stream) {  // peel to a 64-byte boundary of the output for the streaming stores
+          const int64_t e = i + std::min<int64_t>(c1 - i, static_cast<int64_t>(((64 - (reinterpret_cast<uintptr_t>(y + i) & 63)) & 63) / 2));
+          for (int64_t j = i; j < e; j += W) {
+            const int64_t c = std::min<int64_t>(W, e - j);
+            storec(y + j, S::mul(vsilu<true>(loadc(gate + j, c)), loadc(val + j, c)), c);
+          }
+          i = e;
+        }
+        for (; i + 32 <= c1; i += 32) {
+          const __m512i g = _mm512_loadu_si512(gate + i), v = _mm512_loadu_si512(val + i);
+          const F ge = _mm512_castsi512_ps(_mm512_slli_epi32(g, 16)), go = _mm512_castsi512_ps(_mm512_and_si512(g, hi));
+          const F ve = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), vo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+          const F re = S::mul(vsilu<true>(ge), ve), ro = S::mul(vsilu<true>(go), vo);
+          const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(ro, re));
+          if (stream) {
+            _mm512_stream_si512(reinterpret_cast<__m512i*>(y + i), _mm512_permutexvar_epi16(inter, packed));
+          } else {
+            _mm512_storeu_si512(y + i, _mm512_permutexvar_epi16(inter, packed));
+          }
+        }
+      }
+#endif
+      for (; i < c1; i += W) {
         const int64_t c = c1 - i;
         storec(y + i, S::mul(vsilu<kHalfT<T>>(loadc(gate + i, c)), loadc(val + i, c)), c);
       }

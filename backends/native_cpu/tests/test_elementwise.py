@@ -121,3 +121,13 @@ def test_clamp_without_any_bound_is_refused():
     x = torch.randn(4)
     with pytest.raises(ValueError, match="min=None, max=None"):
         b.build_clamp(spec(x), None, None)
+
+
+@pytest.mark.parametrize("n", [2000, 2013])
+def test_silu_and_mul_with_a_large_result_streams_it_out_correctly(n):
+    # >= 8 MiB of bfloat16 output takes the streaming-store path; rows of 2000 (4000 bytes)
+    # start off a 64-byte boundary every other row, 2013 leaves tails in every block
+    x = torch.randn(2200, 2 * n, dtype=torch.bfloat16)
+    out = run(b.build_silu_and_mul, x)
+    ref = F.silu(x[:, :n].float()) * x[:, n:].float()
+    close(out, ref.to(torch.bfloat16))
