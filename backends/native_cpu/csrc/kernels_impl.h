@@ -406,21 +406,33 @@ void softmax(const tnc::SoftmaxArgs& a, int threads) {
 // elementwise
 
 template <class T, tnc::UnaryOp op>
+inline F unary_apply(F v) {
+  if constexpr (op == tnc::UnaryOp::silu) {
+    return vsilu<kHalfT<T>>(v);
+  } else if constexpr (op == tnc::UnaryOp::gelu) {
+    return vgelu<kHalfT<T>>(v);
+  } else if constexpr (op == tnc::UnaryOp::gelu_tanh) {
+    return vgelu_tanh<kHalfT<T>>(v);
+  } else {
+    return S::max(S::zero(), v);
+  }
+}
+
+// Stream: the result is written with streaming stores (S::stream needs W * sizeof(T)
+// alignment, so the range is peeled to it first), for results far larger than the caches.
+template <class T, tnc::UnaryOp op, bool Stream = false>
 void unary_range(const T* x, T* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += W) {
+  int64_t i = 0;
+  if constexpr (Stream) {
+    constexpr uintptr_t kAlign = W * sizeof(T);
+    const int64_t pe = std::min<int64_t>(n, static_cast<int64_t>(((kAlign - (reinterpret_cast<uintptr_t>(y) % kAlign)) % kAlign) / sizeof(T)));
+    for (; i < pe; i += W) storec(y + i, unary_apply<T, op>(loadc(x + i, pe - i)), std::min<int64_t>(W, pe - i));
+    i = pe;
+    for (; i + W <= n; i += W) S::stream(y + i, unary_apply<T, op>(S::load(x + i)));
+  }
+  for (; i < n; i += W) {
     const int64_t c = n - i;
-    const F v = loadc(x + i, c);
-    F r;
-    if constexpr (op == tnc::UnaryOp::silu) {
-      r = vsilu<kHalfT<T>>(v);
-    } else if constexpr (op == tnc::UnaryOp::gelu) {
-      r = vgelu<kHalfT<T>>(v);
-    } else if constexpr (op == tnc::UnaryOp::gelu_tanh) {
-      r = vgelu_tanh<kHalfT<T>>(v);
-    } else {
-      r = S::max(S::zero(), v);
-    }
-    storec(y + i, r, c);
+    storec(y + i, unary_apply<T, op>(loadc(x + i, c)), c);
   }
 }
 
@@ -429,7 +441,18 @@ void unary(const tnc::UnaryArgs& a, int threads) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.out);
   const int64_t grain = a.op == tnc::UnaryOp::relu ? 65536 : 8192;
+  const bool stream = S::kHasStream && x != y && a.numel * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20);
   tnc::parallel_for(a.numel, grain, threads, [&](int64_t b, int64_t e) {
+    if (stream) {
+      switch (a.op) {
+        case tnc::UnaryOp::silu: unary_range<T, tnc::UnaryOp::silu, true>(x + b, y + b, e - b); break;
+        case tnc::UnaryOp::gelu: unary_range<T, tnc::UnaryOp::gelu, true>(x + b, y + b, e - b); break;
+        case tnc::UnaryOp::gelu_tanh: unary_range<T, tnc::UnaryOp::gelu_tanh, true>(x + b, y + b, e - b); break;
+        case tnc::UnaryOp::relu: unary_range<T, tnc::UnaryOp::relu, true>(x + b, y + b, e - b); break;
+      }
+      S::stream_fence();
+      return;
+    }
     switch (a.op) {
       case tnc::UnaryOp::silu: unary_range<T, tnc::UnaryOp::silu>(x + b, y + b, e - b); break;
       case tnc::UnaryOp::gelu: unary_range<T, tnc::UnaryOp::gelu>(x + b, y + b, e - b); break;

@@ -49,6 +49,11 @@ struct Simd {
     std::memcpy(p, buf, sizeof(T) * static_cast<size_t>(n));
   }
 
+  static constexpr bool kHasStream = false;
+  template <class T>
+  static void stream(T* p, F v) { store(p, v); }
+  static void stream_fence() {}
+
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }

@@ -39,6 +39,13 @@ struct Simd {
   static void store_n(tnc::bf16_t* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_bf16(v)); }
   static void store_n(tnc::half_t* p, F v, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_f16(v)); }
 
+  // streaming (non-temporal) stores of one vector; p aligned to W * sizeof(T)
+  static constexpr bool kHasStream = true;
+  static void stream(float* p, F v) { _mm512_stream_ps(p, v); }
+  static void stream(tnc::bf16_t* p, F v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(v)); }
+  static void stream(tnc::half_t* p, F v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_f16(v)); }
+  static void stream_fence() { _mm_sfence(); }
+
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }

@@ -20,6 +20,11 @@ struct Simd {
   template <class T>
   static void store_n(T* p, F v, int n) { if (n > 0) *p = tnc::from_float<T>(v); }
 
+  static constexpr bool kHasStream = false;
+  template <class T>
+  static void stream(T* p, F v) { store(p, v); }
+  static void stream_fence() {}
+
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }
   static F mul(F a, F b) { return a * b; }
