@@ -147,6 +147,12 @@ def cases() -> list[Case]:
     ad, bd = r(128, 7168, dtype=bf), r(2112, 7168, dtype=bf)
     add("Gemm", "m128 n2112 k7168 NT bf16", [ad, bd], lambda a, b: torch.matmul(a, b.T), nb.build_gemm,
         dict(trans_a=False, trans_b=True), flops=2 * 128 * 2112 * 7168, memory_bound=False)
+    # decode GEMVs (activation [m, K] x weight [N, K]^T, the F.linear layout): memory-bound
+    # on the weight, which is streamed once (its bytes are the roofline)
+    for m_, n_, k_ in ((1, 5632, 1024), (1, 2112, 7168), (4, 5632, 1024)):
+        av, wv = r(m_, k_, dtype=bf), r(n_, k_, dtype=bf) * 0.02
+        add("Gemm", f"m{m_} n{n_} k{k_} NT bf16 decode", [av, wv], lambda a, b: F.linear(a, b), nb.build_gemm,
+            dict(trans_a=False, trans_b=True), bytes=(n_ * k_ + m_ * (k_ + n_)) * eb)
     ba, bb2 = r(64, 128, 128, dtype=bf), r(64, 128, 2048, dtype=bf)
     add("Bmm", "b64 m128 n2048 k128 bf16", [ba, bb2], torch.bmm, nb.build_bmm, {}, flops=2 * 64 * 128 * 2048 * 128,
         memory_bound=False)
