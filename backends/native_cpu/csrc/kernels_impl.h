@@ -1065,7 +1065,11 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
                   const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
                   const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
                   __m512i rows[16];
-                  for (int r = 0; r < 16; ++r) rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
+                  for (int r = 0; r < 16; ++r) {
+                    // 32 row streams at once are more than the hardware prefetcher tracks
+                    if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
+                    rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
+                  }
                   transpose16x16_epi32(rows);
                   for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
                 }
@@ -1091,6 +1095,21 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
             const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
             for (int64_t ir = 0; ir < mcur; ir += kMRb) {
               uint32_t* dst = apack + ir * kcp;
+              if (g.a_col == 1 && kc % 2 == 0) {
+                // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs,
+                // 16 pairs x 12 rows (4 zero rows) per 16x16 register transpose
+                const int live = static_cast<int>(std::min<int64_t>(kMRb, m - (ic + ir)));
+                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                  __m512i rows[16];
+                  for (int r = 0; r < 16; ++r)
+                    rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (ic + ir + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
+                  transpose16x16_epi32(rows);
+                  for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
+                }
+                continue;
+              }
               for (int r = 0; r < kMRb; ++r) {
                 const int64_t row = ic + ir + r;
                 if (row >= m) {
