@@ -128,12 +128,6 @@ def test_a_bound_below_one_kernel_is_refused_and_the_old_bound_stays(bad):
     assert tileops.kernel_cache_capacity() == 12
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Op._build_in_tree (src/tileops/ops/op.py) keeps every in-tree kernel in "
-    "self._in_tree_by_key, a dict without bound or eviction, so kernels the memo evicts "
-    "stay alive and the dict grows with every new signature",
-)
 def test_in_tree_kernels_evicted_from_the_memo_are_released():
     # The in-tree path (target=BUILTIN) with a kernel_map factory that runs on the CPU. Its
     # memo key is the whole input signature, so a decode loop makes a kernel per step.

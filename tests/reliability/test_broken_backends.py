@@ -163,12 +163,6 @@ def test_a_keyboard_interrupt_during_a_backend_import_reaches_the_caller_and_dis
     assert fresh_packages.imports_of("c_last") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: discovery (src/tileops/backend/discovery.py, _discover) records each load "
-    "failure in the registry as it happens; after a KeyboardInterrupt the retry records the "
-    "earlier failures again, so load_failures() lists them twice and the B9 note miscounts",
-)
 def test_a_backend_that_failed_before_an_interrupted_import_is_listed_once_after_the_retry(
     fresh_packages,
 ):
