@@ -1021,8 +1021,12 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
     return;
   }
   const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
-  // row blocks: enough for every thread to have a few, at most 8 micro-tiles tall
-  const int64_t mc = std::clamp<int64_t>((m + 2 * threads - 1) / (2 * threads) + kMRb - 1, kMRb, 8 * kMRb) / kMRb * kMRb;
+  // row blocks: at most 12 micro-tiles tall, at least two per thread, and a multiple of
+  // the thread count (11 blocks on 2 threads left one thread idle for a twelfth of the time)
+  const int64_t tiles = (m + kMRb - 1) / kMRb;
+  int64_t want_blocks = std::max<int64_t>((tiles + 11) / 12, 2 * threads);
+  want_blocks = std::min<int64_t>(tiles, (want_blocks + threads - 1) / threads * threads);
+  const int64_t mc = (tiles + want_blocks - 1) / want_blocks * kMRb;
   const int64_t kcp_max = (std::min(kKCb, k) + 1) / 2;
   uint16_t* bpack = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp_max * nc_max), 2));
   float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
@@ -1090,7 +1094,7 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
         });
         const int64_t mblocks = (m + mc - 1) / mc;
         tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
-          uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(8 * kMRb * kcp_max), 1));
+          uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(mc * kcp_max), 1));
           for (int64_t blk = b0; blk < b1; ++blk) {
             const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
             for (int64_t ir = 0; ir < mcur; ir += kMRb) {
