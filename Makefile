@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test test-cpp test-py test-native gtest clean
+.PHONY: setup demo test test-cpp test-py test-native gtest sanitize clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -62,6 +62,12 @@ test-native: $(NATIVE_TEST_VENV)/.installed
 	cd backends/native_cpu && ../../$(NATIVE_TEST_VENV)/bin/python -m pytest -q tests
 
 test: test-cpp test-py test-native
+
+# Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
+# (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency
+# tests. A separate job, not part of `make test`: see docs/reliability.md.
+sanitize: setup gtest
+	tools/sanitize.sh
 
 clean:
 	rm -rf build $(VENV) .venv-*

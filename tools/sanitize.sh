@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The sanitizer job: the engine and the Python extensions under AddressSanitizer +
+# UndefinedBehaviorSanitizer, and the engine's concurrency tests under ThreadSanitizer.
+#
+#   tools/sanitize.sh            # every step: engine, python, tsan
+#   tools/sanitize.sh engine     # GoogleTest suite, ASan+UBSan (build/asan), ctest
+#   tools/sanitize.sh python     # tileops._C and tileops_native_cpu built with ASan+UBSan
+#                                # into .venv-asan; tests/oplayer, tests/reliability and
+#                                # backends/native_cpu/tests run under it
+#   tools/sanitize.sh tsan       # KernelCacheTest.* under ThreadSanitizer (build/tsan)
+#
+# Nothing here touches the project's .venv: the sanitized extensions live in their own
+# build folders and in .venv-asan, a light environment that sees the base venv's packages
+# (torch, pytest, hypothesis, build tools) but not its tileops install.
+#
+# Any sanitizer report fails the step (halt_on_error / -fno-sanitize-recover). Leak
+# detection is on for the pure C++ engine tests and off for the Python suite: CPython and
+# torch keep allocations alive until exit by design, so LeakSanitizer would report those
+# on every run and drown anything of ours.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+base=${BASE_VENV:-.venv}
+asan_venv=${ASAN_VENV:-.venv-asan}
+cmake="$root/$base/bin/cmake"
+ctest="$root/$base/bin/ctest"
+ninja="$root/$base/bin/ninja"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(engine python tsan)
+
+sanitize_flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+
+timed() {  # timed <label> <command...>: runs it and prints how long it took
+  local label=$1 start end
+  shift
+  start=$(date +%s)
+  "$@"
+  end=$(date +%s)
+  echo "== $label: $((end - start)) s"
+}
+
+need_gtest() {
+  if [ ! -f /usr/include/gtest/gtest.h ]; then
+    echo "GoogleTest is missing: run 'make gtest' (installs Debian's libgtest-dev)" >&2
+    exit 2
+  fi
+}
+
+engine_build() {
+  "$cmake" -S . -B build/asan -G Ninja -DCMAKE_MAKE_PROGRAM="$ninja" \
+    -DCMAKE_BUILD_TYPE=Debug -DTILEOPS_SANITIZE=ON -DTILEOPS_BUILD_TESTS=ON \
+    -DTILEOPS_BUILD_PYTHON=OFF >/dev/null
+  "$cmake" --build build/asan
+}
+
+engine_test() {
+  (cd build/asan && ASAN_OPTIONS="detect_leaks=1:halt_on_error=1" "$ctest" --output-on-failure)
+}
+
+step_engine() {
+  need_gtest
+  timed "engine: ASan+UBSan build" engine_build
+  timed "engine: ASan+UBSan ctest" engine_test
+}
+
+site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+
+# .venv-asan: a venv of its own whose site-packages lists the base venv's site-packages as
+# a plain path entry, so the base's packages are importable but its .pth files (the
+# editable hook mapping tileops._C to the unsanitized build) never run; tileops is
+# installed into it from build/asan-py. Like the base venv it holds no backend (the op
+# layer's tests expect none installed). .venv-asan-native adds the native_cpu backend on
+# top of it (addsitedir, so .venv-asan's own hooks run), built with the same flags.
+asan_venv_make() {
+  local native_venv="$asan_venv-native"
+  [ -x "$asan_venv/bin/python" ] || python3 -m venv --without-pip "$asan_venv"
+  (cd "$(site_of "$base")" && pwd) > "$(site_of "$asan_venv")/_tileops_asan_base.pth"
+  "$asan_venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e . \
+    -C build-dir=build/asan-py -C cmake.build-type=RelWithDebInfo \
+    -C cmake.define.TILEOPS_SANITIZE=ON -C "cmake.define.CMAKE_MAKE_PROGRAM=$ninja"
+
+  [ -x "$native_venv/bin/python" ] || python3 -m venv --without-pip "$native_venv"
+  echo "import site; site.addsitedir('$(cd "$(site_of "$asan_venv")" && pwd)')" \
+    > "$(site_of "$native_venv")/_tileops_asan_base.pth"
+  (cd backends/native_cpu && "$root/$native_venv/bin/python" -m pip install -q \
+    --no-build-isolation --no-deps -e . -C build-dir=build/asan-py \
+    -C cmake.build-type=RelWithDebInfo \
+    -C "cmake.define.CMAKE_CXX_FLAGS=$sanitize_flags" \
+    -C "cmake.define.CMAKE_MODULE_LINKER_FLAGS=-fsanitize=address,undefined" \
+    -C "cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined" \
+    -C "cmake.define.CMAKE_MAKE_PROGRAM=$ninja")
+}
+
+reports="$root/build/asan-py/reports"
+
+asan_run() {  # asan_run <command...>: with the sanitizer runtime loaded first
+  mkdir -p "$reports"
+  # libstdc++ is preloaded too: the interpreter does not link it, and ASan can only
+  # intercept __cxa_throw when libstdc++ is loaded by the time ASan initialises (else
+  # the first C++ exception aborts with "CHECK failed ... real___cxa_throw").
+  # Reports go to files as well as stderr: pytest's capture loses a dying process's stderr.
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)" \
+    ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$reports/asan" \
+    UBSAN_OPTIONS="$UBSAN_OPTIONS:log_path=$reports/ubsan" "$@"
+}
+
+no_reports() {  # fails, showing them, if the sanitizers wrote any report
+  if compgen -G "$reports/*" >/dev/null; then
+    echo "sanitizer reports:" >&2
+    cat "$reports"/* >&2
+    return 1
+  fi
+}
+
+asan_python() {  # asan_python <venv> <pytest args...>, from the current directory
+  local venv=$1 status=0
+  shift
+  rm -rf "$reports" && mkdir -p "$reports"
+  asan_run "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+  no_reports
+  return $status
+}
+
+asan_native_tests() { (cd backends/native_cpu && asan_python "$asan_venv-native" tests); }
+
+asan_check_build() {
+  # Proves the sanitized extensions are the ones loaded (an unsanitized _C would make the
+  # whole step meaningless): both call ASan's report functions from the preloaded runtime.
+  local sos so
+  sos=$(asan_run "$asan_venv-native/bin/python" -c '
+import importlib.util
+for name in ("tileops._C", "tileops_native_cpu._C"):
+    print(importlib.util.find_spec(name).origin)')
+  for so in $sos; do
+    # (grep reads all of nm's output: with -q, nm could die of SIGPIPE and pipefail
+    # would call that a failure)
+    if ! nm -D "$so" | grep " U __asan_report" >/dev/null; then
+      echo "$so is not built with AddressSanitizer" >&2
+      exit 1
+    fi
+    echo "sanitized: $so"
+  done
+}
+
+step_python() {
+  timed "python: ASan+UBSan builds into $asan_venv" asan_venv_make
+  asan_check_build
+  timed "python: tests/oplayer + tests/reliability under ASan+UBSan" \
+    asan_python "$asan_venv" tests/oplayer tests/reliability
+  timed "python: backends/native_cpu/tests under ASan+UBSan" asan_native_tests
+}
+
+tsan_build() {
+  "$cmake" -S . -B build/tsan -G Ninja -DCMAKE_MAKE_PROGRAM="$ninja" \
+    -DCMAKE_BUILD_TYPE=Debug -DTILEOPS_BUILD_TESTS=ON -DTILEOPS_BUILD_PYTHON=OFF \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=thread -fno-omit-frame-pointer" \
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
+  "$cmake" --build build/tsan
+}
+
+tsan_test() {
+  # The concurrency tests, repeated so that the interleavings vary. TSan needs a memory
+  # layout it knows: where the kernel randomises mmap beyond it, run without ASLR.
+  local run=(build/tsan/engine_tests --gtest_filter='KernelCacheTest.*' --gtest_repeat=20)
+  export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
+  if ! "${run[@]}" --gtest_brief=1; then
+    echo "retrying without ASLR (setarch -R)" >&2
+    setarch "$(uname -m)" -R "${run[@]}" --gtest_brief=1
+  fi
+}
+
+step_tsan() {
+  need_gtest
+  timed "tsan: build" tsan_build
+  timed "tsan: KernelCacheTest.* x20" tsan_test
+}
+
+total_start=$(date +%s)
+for step in "${steps[@]}"; do
+  case $step in
+    engine) step_engine ;;
+    python) step_python ;;
+    tsan) step_tsan ;;
+    *) echo "unknown step '$step': engine, python or tsan" >&2; exit 2 ;;
+  esac
+done
+echo "== sanitize (${steps[*]}): $(( $(date +%s) - total_start )) s, no sanitizer report"
