@@ -40,8 +40,9 @@ class Packages:
         self.root.mkdir(parents=True, exist_ok=True)
         self.log_path = root.parent / f"{root.name}.events"
 
-    def add(self, module: str, body: str, *, entry_point: str | None = None,
-            dist: str | None = None) -> None:
+    def add(
+        self, module: str, body: str, *, entry_point: str | None = None, dist: str | None = None
+    ) -> None:
         """Install distribution ``dist`` (default ``<module>-dist``) whose entry point
         ``entry_point`` (default: the module's name) names module ``module``."""
         source = _PRELUDE.format(log=str(self.log_path)) + "\n" + textwrap.dedent(body)
@@ -50,9 +51,7 @@ class Packages:
         info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text(
-            f"[{GROUP}]\n{entry_point or module} = {module}\n"
-        )
+        (info / "entry_points.txt").write_text(f"[{GROUP}]\n{entry_point or module} = {module}\n")
 
     def events(self) -> list[str]:
         return self.log_path.read_text().splitlines() if self.log_path.exists() else []
@@ -89,8 +88,9 @@ def report(**values):
 """
 
 
-def run_fresh(code: str, packages: Packages, *, flags: tuple[str, ...] = (),
-              timeout: float = 90) -> dict[str, Any]:
+def run_fresh(
+    code: str, packages: Packages, *, flags: tuple[str, ...] = (), timeout: float = 90
+) -> dict[str, Any]:
     """Runs ``code`` in a new interpreter that sees ``packages``; returns what it passed to
     ``report(...)`` plus ``_rc``, ``_stdout`` and ``_stderr``. A script that hangs is killed
     after ``timeout`` seconds and reported as ``_rc = 'timeout'``."""
@@ -103,14 +103,22 @@ def run_fresh(code: str, packages: Packages, *, flags: tuple[str, ...] = (),
     try:
         proc = subprocess.run(
             [sys.executable, *flags, "-c", script],
-            capture_output=True, text=True, timeout=timeout, env=env, cwd=packages.root.parent,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=packages.root.parent,
         )
     except subprocess.TimeoutExpired as expired:
-        return {"_rc": "timeout", "_stdout": _text(expired.stdout), "_stderr": _text(expired.stderr)}
+        return {
+            "_rc": "timeout",
+            "_stdout": _text(expired.stdout),
+            "_stderr": _text(expired.stderr),
+        }
     out: dict[str, Any] = {"_rc": proc.returncode, "_stdout": proc.stdout, "_stderr": proc.stderr}
     for line in proc.stdout.splitlines():
         if line.startswith("REPORT "):
-            out.update(json.loads(line[len("REPORT "):]))
+            out.update(json.loads(line[len("REPORT ") :]))
     return out
 
 

@@ -102,7 +102,10 @@ def test_the_bound_is_configurable_process_wide_and_applies_at_the_next_build():
     builds = Builds()
     tileops.set_kernel_cache_capacity(8)
     assert tileops.kernel_cache_capacity() == 8
-    first, second = RMSNormFwdOp(normalized_shape=(HIDDEN,)), RMSNormFwdOp(normalized_shape=(HIDDEN,))
+    first, second = (
+        RMSNormFwdOp(normalized_shape=(HIDDEN,)),
+        RMSNormFwdOp(normalized_shape=(HIDDEN,)),
+    )
     decode_loop(first, 100, 8)
     decode_loop(second, 100, 8)
     assert first.kernel_cache_stats()["size"] == second.kernel_cache_stats()["size"] == 8

@@ -70,7 +70,9 @@ def test_a_backend_whose_import_fails_is_skipped_with_one_warning_and_one_load_f
 
 
 def test_a_backend_failing_midway_through_registering_leaves_nothing_behind(packages):
-    packages.add("half_done", """
+    packages.add(
+        "half_done",
+        """
         import torch
         from tileops.backend import (
             register_detector, register_kernel_builder, set_default_target,
@@ -79,13 +81,17 @@ def test_a_backend_failing_midway_through_registering_leaves_nothing_behind(pack
         register_kernel_builder("SoftmaxFwdOp", "half", lambda x, *, dim: torch.softmax)
         set_default_target("half")
         raise RuntimeError("cannot find the device firmware")
-    """)
+    """,
+    )
     # Sorted after it: registers the very same target name, which only works if the first
     # backend's detector was really removed (a second detector for a target is an error).
-    packages.add("z_half_again", """
+    packages.add(
+        "z_half_again",
+        """
         from tileops.backend import register_detector
         register_detector("half", lambda device: False)
-    """)
+    """,
+    )
 
     with pytest.warns(RuntimeWarning, match="half_done"):
         targets = registered_targets()
@@ -140,7 +146,7 @@ def _detector_only(target: str) -> str:
     """
 
 
-def test_a_keyboard_interrupt_during_a_backend_import_reaches_the_caller_and_discovery_can_be_retried(
+def test_a_keyboard_interrupt_during_an_import_reaches_the_caller_and_discovery_can_be_retried(
     fresh_packages,
 ):
     fresh_packages.add("a_first", _detector_only("a"))
@@ -184,7 +190,8 @@ def test_with_warnings_as_errors_a_failing_backend_does_not_leave_a_later_one_un
     fresh_packages.add("b_broken", 'raise OSError("no device node")')
     fresh_packages.add("c_healthy", HEALTHY.format(target="c"))
 
-    result = run_fresh("""
+    result = run_fresh(
+        """
         from tileops.backend import load_failures, registered_targets
         try:
             registered_targets()
@@ -192,7 +199,10 @@ def test_with_warnings_as_errors_a_failing_backend_does_not_leave_a_later_one_un
         except RuntimeWarning as error:      # -W error turned the first warning into this
             warning = str(error)
         report(warning=warning, targets=registered_targets(), failures=load_failures())
-    """, fresh_packages, flags=("-W", "error"))
+    """,
+        fresh_packages,
+        flags=("-W", "error"),
+    )
 
     assert result["_rc"] == 0, explain(result)
     assert result["warning"] is not None and "a_broken" in result["warning"]
@@ -208,12 +218,15 @@ def test_two_packages_claiming_one_op_and_target_make_the_second_a_misinstall_lo
     packages,
 ):
     packages.add("acme_a", HEALTHY.format(target="acme"))
-    packages.add("acme_b", """
+    packages.add(
+        "acme_b",
+        """
         import torch
         from tileops.backend import register_kernel_builder
         register_kernel_builder("LogSoftmaxFwdOp", "acme", lambda x, *, dim: torch.log_softmax)
         register_kernel_builder("SoftmaxFwdOp", "acme", lambda x, *, dim: torch.softmax)
-    """)
+    """,
+    )
 
     with pytest.warns(RuntimeWarning, match="acme_b"):
         failures = load_failures()
@@ -243,14 +256,17 @@ def test_two_packages_claiming_one_op_and_target_make_the_second_a_misinstall_lo
 def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained_to_the_cause(
     packages, body, cause
 ):
-    packages.add("moody", f"""
+    packages.add(
+        "moody",
+        f"""
         from tileops.backend import register_detector
 
         def detect(device):
             {body}
 
         register_detector("moody", detect)
-    """)
+    """,
+    )
     op = SoftmaxFwdOp(dim=-1)
 
     with pytest.raises(BackendError) as info:
@@ -265,7 +281,9 @@ def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained
 
 @pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
 def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, failure):
-    packages.add("crashy", f"""
+    packages.add(
+        "crashy",
+        f"""
         import torch
         from tileops.backend import register_detector, register_kernel_builder
 
@@ -279,7 +297,8 @@ def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, fail
             return lambda x: torch.softmax(x, dim)
 
         register_kernel_builder("SoftmaxFwdOp", "crashy", build_softmax)
-    """)
+    """,
+    )
     op = SoftmaxFwdOp(dim=-1)
 
     with pytest.raises(failure, match="compiler crashed") as info:
@@ -301,7 +320,9 @@ def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, fail
 def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_and_role(
     packages,
 ):
-    packages.add("lazy", """
+    packages.add(
+        "lazy",
+        """
         from tileops.backend import register_detector, register_kernel_builder
         builds = []
         register_detector("lazy", lambda device: device.type == "cpu")
@@ -311,10 +332,11 @@ def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_
             return 42   # forgot to return the kernel
 
         register_kernel_builder("SoftmaxFwdOp", "lazy", build_softmax)
-    """)
+    """,
+    )
     op = SoftmaxFwdOp(dim=-1)
 
-    for attempt in (1, 2):
+    for _attempt in (1, 2):
         with pytest.raises(OpNotAvailableError) as info:
             op(x())
         text = str(info.value)
@@ -327,7 +349,9 @@ def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_
 
 
 def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(packages):
-    packages.add("angry", """
+    packages.add(
+        "angry",
+        """
         from tileops.backend import register_detector, register_kernel_builder
         register_detector("angry", lambda device: device.type == "cpu")
 
@@ -340,7 +364,8 @@ def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(pac
             return kernel
 
         register_kernel_builder("LogSoftmaxFwdOp", "angry", build_log_softmax)
-    """)
+    """,
+    )
     op = LogSoftmaxFwdOp(dim=-1)
 
     for call in ("first call (memo miss)", "second call (memo hit)"):

@@ -155,7 +155,9 @@ def test_first_calls_with_different_signatures_build_in_parallel(instances):
         started[rows].set()
         other = 3 - rows
         if not started[other].wait(5):
-            raise TimeoutError(f"the build for {other} rows never started while {rows} was building")
+            raise TimeoutError(
+                f"the build for {other} rows never started while {rows} was building"
+            )
         return rms_kernel(str(rows), [])
 
     register_detector("parallel", lambda device: device.type == "meta")
@@ -401,16 +403,22 @@ report(seen=seen, errors=errors, alive=sum(t.is_alive() for t in threads))
 
 
 def test_discovery_racing_from_several_threads_imports_each_backend_once(fresh_packages):
-    fresh_packages.add("slow_backend", """
+    fresh_packages.add(
+        "slow_backend",
+        """
         import time
         time.sleep(0.3)   # a slow import widens the race
         from tileops.backend import register_detector
         register_detector("slow", lambda device: False)
-    """)
-    fresh_packages.add("quick_backend", """
+    """,
+    )
+    fresh_packages.add(
+        "quick_backend",
+        """
         from tileops.backend import register_detector
         register_detector("quick", lambda device: False)
-    """)
+    """,
+    )
 
     result = run_fresh(_DISCOVERY_RACE, fresh_packages)
 

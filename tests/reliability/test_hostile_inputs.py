@@ -18,7 +18,7 @@ required input missing, a dtype outside the declared set, two devices) must be r
 
 from __future__ import annotations
 
-
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import torch
 from hypothesis import HealthCheck, event, find, given, settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from tileops import manifest
 from tileops.backend import OpNotAvailableError, register_detector, register_kernel_builder
@@ -35,13 +35,35 @@ from tileops.ops import ALL_OPS
 from tileops.testing import references
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
-DTYPES = [F16, BF16, F32, torch.float64, torch.int32, torch.int64, torch.bool, torch.uint8,
-          torch.complex64]
+DTYPES = [
+    F16,
+    BF16,
+    F32,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.uint8,
+    torch.complex64,
+]
 HUGE = [2**31 + 1, 2**40]  # only ever on the meta device
 CPU, META = torch.device("cpu"), torch.device("meta")
 GARBAGE = [1, 2.5, "x", [1.0, 2.0], (), object(), float("nan")]
-HOSTILE_PARAMS = [-1, -(2**40), 0, 2**63, 1.5, float("nan"), float("inf"), "x", None, [],
-                  [-1], (1, "a"), True]
+HOSTILE_PARAMS = [
+    -1,
+    -(2**40),
+    0,
+    2**63,
+    1.5,
+    float("nan"),
+    float("inf"),
+    "x",
+    None,
+    [],
+    [-1],
+    (1, "a"),
+    True,
+]
 
 
 # ---- a recording target that claims cpu and meta and computes with the references ---------
@@ -92,8 +114,10 @@ def run_reference(name: str, reference: Callable[..., Any], tensors: tuple, para
             # Huge, so no CPU copy: the manifest's output shapes are all there is to go on
             # (this one case checks plumbing, not shapes).
             specs = [None if t is None else t for t in tensors]
-            metas = tuple(torch.empty(shape, dtype=dtype, device="meta")
-                          for dtype, shape in manifest.entry(name).output_meta(specs, params))
+            metas = tuple(
+                torch.empty(shape, dtype=dtype, device="meta")
+                for dtype, shape in manifest.entry(name).output_meta(specs, params)
+            )
             return metas if len(metas) > 1 else metas[0]
         cpu = [None if t is None else torch.zeros(t.shape, dtype=t.dtype) for t in tensors]
         result = reference(*cpu, **params)
@@ -168,13 +192,17 @@ def seeds(draw: st.DrawFn, op: str) -> Call:
     if op in ("SiluFwdOp", "ReluFwdOp"):
         return Call({"inplace": draw(st.booleans())}, [t((m, n), draw(floats))])
     if op == "GeluFwdOp":
-        return Call({"approximate": draw(st.sampled_from(["none", "tanh"]))}, [t((m, n), draw(floats))])
+        return Call(
+            {"approximate": draw(st.sampled_from(["none", "tanh"]))}, [t((m, n), draw(floats))]
+        )
     if op == "SiluAndMulFwdOp":
         return Call({}, [t((m, 2 * n), draw(floats))])
     if op == "ClampFwdOp":
         d = draw(floats)
         low = draw(st.sampled_from([t((m, n), d), t((n,), d), ("none",)]))
-        high = draw(st.sampled_from([t((m, n), d), ("none",)] if low != ("none",) else [t((m, n), d)]))
+        high = draw(
+            st.sampled_from([t((m, n), d), ("none",)] if low != ("none",) else [t((m, n), d)])
+        )
         return Call({}, [t((m, n), d), low, high])
     if op == "RopeNeoxFwdOp":
         layout = draw(st.sampled_from(["1d", "2d"]))
@@ -183,16 +211,34 @@ def seeds(draw: st.DrawFn, op: str) -> Call:
     if op == "RopeNeoxPositionIdsFwdOp":
         rotary = 2 * draw(st.integers(1, n))
         ids = draw(st.sampled_from([torch.int32, torch.int64]))
-        return Call({"max_position": 64, "rotary_dim": rotary},
-                    [t((m, 2, 2 * n), draw(floats)), t((m,), ids)])
+        return Call(
+            {"max_position": 64, "rotary_dim": rotary},
+            [t((m, 2, 2 * n), draw(floats)), t((m,), ids)],
+        )
     if op == "GroupedQueryAttentionFwdOp":
-        b, h, g, s = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+        b, h, g, s = (
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 4)),
+        )
         d, dim = draw(halves), 2 * n
-        ctor = {"batch": b, "heads": h * g, "heads_kv": h, "seq_len": s, "dim": dim,
-                "is_causal": draw(st.booleans())}
+        ctor = {
+            "batch": b,
+            "heads": h * g,
+            "heads_kv": h,
+            "seq_len": s,
+            "dim": dim,
+            "is_causal": draw(st.booleans()),
+        }
         return Call(ctor, [t((b, s, h * g, dim), d), t((b, s, h, dim), d), t((b, s, h, dim), d)])
     if op == "GroupedQueryAttentionDecodeWithKVCacheFwdOp":
-        b, h, g, cap = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+        b, h, g, cap = (
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 2)),
+            draw(st.integers(1, 4)),
+        )
         used = draw(st.integers(1, cap))
         d, dim = draw(halves), 2 * n
         ctor = {"batch": b, "heads": h * g, "heads_kv": h, "seqlen_kv": cap, "dim": dim}
@@ -207,10 +253,22 @@ def seeds(draw: st.DrawFn, op: str) -> Call:
 def mutated(draw: st.DrawFn, op: str) -> Call:
     call = draw(seeds(op))
     for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(
-            ["dtype", "dim", "rank", "device", "all_meta", "garbage", "arity", "param",
-             "strided", "gqa_scale"]
-        ))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "dtype",
+                    "dim",
+                    "rank",
+                    "device",
+                    "all_meta",
+                    "garbage",
+                    "arity",
+                    "param",
+                    "strided",
+                    "gqa_scale",
+                ]
+            )
+        )
         tensors = [i for i, a in enumerate(call.args) if a[0] == "tensor"]
         if kind == "arity":
             if call.args and draw(st.booleans()):
@@ -229,7 +287,9 @@ def mutated(draw: st.DrawFn, op: str) -> Call:
             at = draw(st.integers(0, len(call.args) - 1))
             call.args[at] = ("garbage", draw(st.sampled_from(GARBAGE)))
         elif kind == "all_meta" and tensors:
-            call.args = [(a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in call.args]
+            call.args = [
+                (a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in call.args
+            ]
         elif tensors:
             at = draw(st.sampled_from(tensors))
             _, shape, dtype, device, contiguous = call.args[at]
@@ -237,10 +297,16 @@ def mutated(draw: st.DrawFn, op: str) -> Call:
                 dtype = draw(st.sampled_from(DTYPES))
             elif kind == "dim" and shape:
                 i = draw(st.integers(0, len(shape) - 1))
-                sizes = [0, 1, 2, 3, 7] + (HUGE if device == META else [])
-                shape = shape[:i] + (draw(st.sampled_from(sizes)),) + shape[i + 1:]
+                # At most one huge dim per tensor: two would overflow torch's byte count.
+                others_small = all(d <= 64 for j, d in enumerate(shape) if j != i)
+                sizes = [0, 1, 2, 3, 7] + (HUGE if device == META and others_small else [])
+                shape = shape[:i] + (draw(st.sampled_from(sizes)),) + shape[i + 1 :]
             elif kind == "rank":
-                shape = shape[1:] if shape and draw(st.booleans()) else (draw(st.integers(1, 3)),) + shape
+                shape = (
+                    shape[1:]
+                    if shape and draw(st.booleans())
+                    else (draw(st.integers(1, 3)),) + shape
+                )
             elif kind == "device":
                 device = META if device == CPU else CPU
                 if device == CPU and any(d > 64 for d in shape):
@@ -325,6 +391,31 @@ def call_params_of(op: Any, args: list[Any]) -> dict:
     return op._entry.call_params(specs, op.params)
 
 
+def slots_of(entry: manifest.OpEntry, args: list[Any]) -> list[Any]:
+    return args + [None] * (len(entry.inputs) - len(args))
+
+
+INT64_MAX = 2**63 - 1
+
+
+def output_too_big(entry: manifest.OpEntry, slots: list[Any], params: dict) -> bool:
+    """Whether an output the manifest declares for these inputs has more bytes than torch
+    can address (so no tensor, not even a meta one, can hold it)."""
+    try:
+        metas = entry.output_meta(slots, entry.call_params(slots, params))
+    except Exception:  # noqa: BLE001 - not this gap
+        return False
+    return any(math.prod(shape) * dtype.itemsize > INT64_MAX for dtype, shape in metas)
+
+
+def known_gap(op_name: str, slots: list[Any], op: Any) -> str | None:
+    """Calls validation accepts although no kernel can serve them, pinned by a strict
+    xfail test each and left out of the property so that it keeps finding new ones."""
+    if output_too_big(manifest.entry(op_name), slots, op.params):
+        return "an output of more than 2**63 bytes"
+    return None
+
+
 def describe(op: str, call: Call) -> str:
     return f"{op}({call.ctor}) called with {call.args}"
 
@@ -360,6 +451,8 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
     try:
         result = op(*args)
     except Exception as error:  # noqa: BLE001 - classified below
+        if recorder.builds and known_gap(op_name, slots_of(entry, args), op):
+            return  # pinned by its own strict xfail test at the end of this file
         if recorder.builds:
             raise AssertionError(
                 f"{context}: validation let the call through to the builder, then "
@@ -373,13 +466,15 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
         outcome(f"refused by the call: {type(error).__name__}")
         return
 
-    outcome("accepted on " + ("meta" if any(
-        isinstance(a, torch.Tensor) and a.device == META for a in args) else "cpu"))
+    outcome(
+        "accepted on "
+        + ("meta" if any(isinstance(a, torch.Tensor) and a.device == META for a in args) else "cpu")
+    )
     # Accepted. Optional inputs left out reach the builder and the kernel as None.
     assert problems == [], f"{context}: accepted although {problems}"
     slots = args + [None] * (len(entry.inputs) - len(args))
     assert len(recorder.builds) == 1, f"{context}: {len(recorder.builds)} builder calls"
-    (_, specs), = recorder.builds
+    ((_, specs),) = recorder.builds
     assert [None if s is None else (s.device, s.dtype, tuple(s.shape)) for s in specs] == [
         None if a is None else (a.device, a.dtype, tuple(a.shape)) for a in slots
     ], f"{context}: the builder got other specs than the call's"
@@ -402,8 +497,9 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
         want = references.reference(op_name)(*padded, **params)
         want = want if isinstance(want, tuple) else (want,)
         for got, wanted in zip(outs, want):
-            torch.testing.assert_close(got, wanted, rtol=0, atol=0, equal_nan=True,
-                                       msg=lambda m: f"{context}: {m}")
+            torch.testing.assert_close(
+                got, wanted, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{context}: {m}"
+            )
     if op.params.get("inplace"):
         return
 
@@ -440,12 +536,10 @@ def test_structurally_broken_calls_never_reach_the_builder(op_name, recorder):
         "a required input left out": base.args[: _required(op_name) - 1],
         "too many arguments": base.args + [t((2,), F32)],
         "a non-tensor first input": [("garbage", 3.0)] + base.args[1:],
-        "two devices": [base.args[0]] + [
-            (a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in base.args[1:]
-        ],
-        "a dtype outside the declared set": [
-            ("tensor", base.args[0][1], torch.float64, CPU, True)
-        ] + base.args[1:],
+        "two devices": [base.args[0]]
+        + [(a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in base.args[1:]],
+        "a dtype outside the declared set": [("tensor", base.args[0][1], torch.float64, CPU, True)]
+        + base.args[1:],
     }
     if sum(a[0] == "tensor" for a in base.args) < 2:
         del cases["two devices"]
@@ -490,8 +584,9 @@ def test_huge_dims_on_the_meta_device_are_validated_and_served_without_allocatin
     args = [torch.empty(shape, dtype=dtype, device=META) for shape in shapes]
     out = OPS[op_name](**ctor)(*args)
     assert len(recorder.builds) == 1
-    expected = reference_outputs(op_name, manifest.entry(op_name), args,
-                                 call_params_of(OPS[op_name](**ctor), args))
+    expected = reference_outputs(
+        op_name, manifest.entry(op_name), args, call_params_of(OPS[op_name](**ctor), args)
+    )
     assert [(out.dtype, tuple(out.shape))] == expected and out.device == META
 
 
@@ -506,8 +601,9 @@ def test_an_amax_over_an_empty_dim_is_rejected_before_the_backend(recorder, shap
     assert recorder.builds == []
 
 
-@pytest.mark.parametrize(("dtype", "alpha"), [(torch.int32, 2**40), (torch.uint8, 300),
-                                              (torch.float16, 2**40)])
+@pytest.mark.parametrize(
+    ("dtype", "alpha"), [(torch.int32, 2**40), (torch.uint8, 300), (torch.float16, 2**40)]
+)
 def test_an_add_alpha_the_input_dtype_cannot_hold_is_rejected_before_the_backend(
     recorder, dtype, alpha
 ):
@@ -518,9 +614,7 @@ def test_an_add_alpha_the_input_dtype_cannot_hold_is_rejected_before_the_backend
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 2, 1)])
-def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes(
-    recorder, shape
-):
+def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes(recorder, shape):
     groups = shape[1]
     op = OPS["GroupNormFwdOp"](num_groups=groups)
     x = torch.randn(shape)
@@ -531,3 +625,30 @@ def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes
         return
     expected = references.reference("GroupNormFwdOp")(x, None, None, num_groups=groups, eps=1e-5)
     assert out.shape == expected.shape
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="gap: validation (src/tileops/ops/op.py, Op._on_miss; the manifest's output "
+    "shapes are known there) accepts a call whose output has more than 2**63 bytes; the "
+    "builder is called and allocating the output fails in the kernel with torch's "
+    "RuntimeError 'Storage size calculation overflowed' instead of a ValueError",
+)
+@pytest.mark.parametrize(
+    ("op_name", "ctor", "shapes"),
+    [
+        # Two empty inputs, a 2**63-byte output.
+        ("GemmFwdOp", {"trans_b": False}, [(2**31 + 1, 0), (0, 2**31 + 1)]),
+        # Broadcast to 2**80 elements.
+        ("AddFwdOp", {}, [(2**40, 1), (1, 2**40)]),
+    ],
+    ids=["gemm", "add"],
+)
+def test_a_call_whose_output_could_not_exist_is_rejected_before_the_backend(
+    recorder, op_name, ctor, shapes
+):
+    args = [torch.empty(shape, dtype=F16, device=META) for shape in shapes]
+    op = OPS[op_name](**ctor)
+    with pytest.raises(ValueError, match=op_name):
+        op(*args)
+    assert recorder.builds == []
