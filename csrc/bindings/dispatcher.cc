@@ -94,8 +94,11 @@ struct SlotRead {
 };
 
 // Appends one tensor's (dtype, shape) to the key and reports its device and layout.
-SlotRead read_tensor(PyObject* tensor, KeyBuffer& key) {
-  if (g_torch.exchange != nullptr) {
+// `refused` remembers, per input slot, that the DLPack exchange turned the last tensor
+// down (meta tensors have no DLPack form, and torch's refusal costs about a millisecond):
+// such a slot is read through attributes until it sees a DLPack device again.
+SlotRead read_tensor(PyObject* tensor, KeyBuffer& key, bool& refused) {
+  if (g_torch.exchange != nullptr && !refused) {
     dlpack::Tensor view;
     if (g_torch.exchange->dltensor_from_py_object_no_sync(tensor, &view) == 0) {
       const int64_t type = view.device.device_type;
@@ -105,6 +108,7 @@ SlotRead read_tensor(PyObject* tensor, KeyBuffer& key) {
       return {type, index, compact(view)};
     }
     PyErr_Clear();  // e.g. meta tensors have no DLPack form: read attributes instead
+    refused = true;
   }
   nb::object info = nb::steal(PyObject_CallOneArg(g_torch.describe, tensor));
   if (!info.is_valid()) throw nb::python_error();
@@ -113,7 +117,9 @@ SlotRead read_tensor(PyObject* tensor, KeyBuffer& key) {
   std::vector<int64_t> dims(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) dims[i] = nb::cast<int64_t>(shape[i]);
   key.add_tensor(nb::cast<int64_t>(fields[2]), dims);
-  return {nb::cast<int64_t>(fields[0]), nb::cast<int64_t>(fields[1]), nb::cast<bool>(fields[4])};
+  const int64_t type = nb::cast<int64_t>(fields[0]);
+  if (type == dlpack::kCPU || type == dlpack::kCUDA) refused = false;
+  return {type, nb::cast<int64_t>(fields[1]), nb::cast<bool>(fields[4])};
 }
 
 class OwnerGil final : public engine::OwnerLock {
@@ -226,6 +232,7 @@ class Dispatcher {
   // Key of a run of slots; false if one is neither a tensor nor None, if no slot holds a
   // tensor, or if the tensors are on different devices (the miss path words each error).
   bool key_of(PyObject* const* items, size_t count, KeyBuffer& key, bool* contiguous = nullptr) {
+    if (count > kMaxSlots) return false;
     bool has_device = false;
     int64_t device_type = 0, device_index = 0;
     key.set_device(0, 0);
@@ -238,7 +245,7 @@ class Dispatcher {
         continue;
       }
       if (kind == Kind::kOther) return false;
-      SlotRead read = read_tensor(item, key);
+      SlotRead read = read_tensor(item, key, exchange_refused_[i]);
       if (contiguous) contiguous[i] = read.contiguous;
       if (!has_device) {
         device_type = read.device_type;
@@ -330,6 +337,7 @@ class Dispatcher {
   KernelCache cache_;
   int64_t return_slot_ = -1;
   std::string target_label_;
+  std::array<bool, kMaxSlots> exchange_refused_{};
 };
 
 

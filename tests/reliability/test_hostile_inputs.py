@@ -18,7 +18,6 @@ required input missing, a dtype outside the declared set, two devices) must be r
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -391,31 +390,6 @@ def call_params_of(op: Any, args: list[Any]) -> dict:
     return op._entry.call_params(specs, op.params)
 
 
-def slots_of(entry: manifest.OpEntry, args: list[Any]) -> list[Any]:
-    return args + [None] * (len(entry.inputs) - len(args))
-
-
-INT64_MAX = 2**63 - 1
-
-
-def output_too_big(entry: manifest.OpEntry, slots: list[Any], params: dict) -> bool:
-    """Whether an output the manifest declares for these inputs has more bytes than torch
-    can address (so no tensor, not even a meta one, can hold it)."""
-    try:
-        metas = entry.output_meta(slots, entry.call_params(slots, params))
-    except Exception:  # noqa: BLE001 - not this gap
-        return False
-    return any(math.prod(shape) * dtype.itemsize > INT64_MAX for dtype, shape in metas)
-
-
-def known_gap(op_name: str, slots: list[Any], op: Any) -> str | None:
-    """Calls validation accepts although no kernel can serve them, pinned by a strict
-    xfail test each and left out of the property so that it keeps finding new ones."""
-    if output_too_big(manifest.entry(op_name), slots, op.params):
-        return "an output of more than 2**63 bytes"
-    return None
-
-
 def describe(op: str, call: Call) -> str:
     return f"{op}({call.ctor}) called with {call.args}"
 
@@ -451,8 +425,6 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
     try:
         result = op(*args)
     except Exception as error:  # noqa: BLE001 - classified below
-        if recorder.builds and known_gap(op_name, slots_of(entry, args), op):
-            return  # pinned by its own strict xfail test at the end of this file
         if recorder.builds:
             raise AssertionError(
                 f"{context}: validation let the call through to the builder, then "
@@ -627,13 +599,6 @@ def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes
     assert out.shape == expected.shape
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: validation (src/tileops/ops/op.py, Op._on_miss; the manifest's output "
-    "shapes are known there) accepts a call whose output has more than 2**63 bytes; the "
-    "builder is called and allocating the output fails in the kernel with torch's "
-    "RuntimeError 'Storage size calculation overflowed' instead of a ValueError",
-)
 @pytest.mark.parametrize(
     ("op_name", "ctor", "shapes"),
     [

@@ -13,6 +13,7 @@ input list, so a call is one thin Python frame and then the C++ dispatcher:
 
 from __future__ import annotations
 
+import math
 import threading
 import types
 import weakref
@@ -27,6 +28,8 @@ from ..backend.errors import BackendError, OpNotAvailableError
 from ..backend.types import BUILTIN, Target, TensorSpec, _Builtin
 from ..kernels import in_tree_kernel
 from . import _library, _runtime
+
+_MAX_TENSOR_BYTES = 2**63 - 1
 
 # Dynamo treats this as True while tracing; in eager it is one cheap call.
 _compiling = torch.compiler.is_dynamo_compiling
@@ -248,6 +251,7 @@ class Op:
         tensors = self._check_args(args)
         specs = [_spec(t) for t in tensors]
         self._entry.check_inputs(specs, self.params)
+        self._check_output_sizes(specs)
         device = next((t.device for t in tensors if t is not None), None)
         if device is None:
             # A call with no tensor decides nothing.
@@ -263,6 +267,18 @@ class Op:
             self._settled = target  # settled only by a first call that succeeded
             self._dispatcher.set_target_label("" if target is BUILTIN else target)
         return kernel
+
+    def _check_output_sizes(self, specs: Sequence[TensorSpec | None]) -> None:
+        """Valid inputs can still describe an output no tensor can hold (E2)."""
+        entry = self._entry
+        outputs = entry.output_meta(specs, entry.call_params(specs, self.params))
+        for decl, (dtype, shape) in zip(entry.outputs, outputs):
+            size = math.prod(shape) * dtype.itemsize
+            if size > _MAX_TENSOR_BYTES:
+                raise ValueError(
+                    f"{type(self).__name__}: output {decl.name!r} would have shape "
+                    f"{tuple(shape)} ({size} bytes), more than a tensor can hold"
+                )
 
     def _target_for(self, device: torch.device) -> Target:
         if self._settled is None:
