@@ -61,11 +61,13 @@ $(NATIVE_TEST_VENV)/.installed: $(VENV)/.tileops-installed $(NATIVE_SRC)
 test-native: $(NATIVE_TEST_VENV)/.installed
 	cd backends/native_cpu && ../../$(NATIVE_TEST_VENV)/bin/python -m pytest -q tests
 
-test: test-cpp test-py test-native
+# Everything: C++ unit tests, the Python suite, the native backend's suite, and the
+# sanitizer job (about 4-6 minutes of the total on 2 cores; see docs/reliability.md).
+test: test-cpp test-py test-native sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
 # (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency
-# tests. A separate job, not part of `make test`: see docs/reliability.md.
+# tests. Runs last in `make test`; `make sanitize` runs it alone.
 sanitize: setup gtest
 	tools/sanitize.sh
 
