@@ -4,8 +4,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -14,6 +16,7 @@
 
 #include "dlpack_bridge.h"
 #include "kernel_table.h"
+#include "thread_pool.h"
 
 namespace nb = nanobind;
 
@@ -605,6 +608,35 @@ NB_MODULE(_C, m) {
   });
   m.def("force_fallback", &bridge_force_fallback, "read and allocate through __dlpack__/torch.empty (for tests)");
   m.def("uses_exchange_api", &bridge_uses_exchange_api);
+  m.def("pool_stats", [] {
+    const PoolStats s = pool_stats();
+    return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls);
+  }, "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled) so far");
+  m.def("set_use_openmp", &set_use_openmp, "run parallel regions on torch's OpenMP team (True, the default) or our own pool");
+  m.def("openmp_available", &openmp_available, "whether an OpenMP runtime is loaded in the process");
+  // Runs parallel_for over [0, n) and returns how often each index was visited, the number
+  // of ranges, and the largest worker index seen (for the scheduling tests).
+  m.def("parallel_for_check", [](int64_t n, int64_t grain, int threads) {
+    std::vector<std::atomic<int>> visits(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    std::atomic<int> ranges{0}, max_worker{0};
+    {
+      nb::gil_scoped_release release;
+      parallel_for(n, grain, threads, [&](int64_t b, int64_t e) {
+        ranges.fetch_add(1);
+        int w = worker_index(), cur = max_worker.load();
+        while (w > cur && !max_worker.compare_exchange_weak(cur, w)) {
+        }
+        volatile int64_t spin = 0;  // a little work per index, so that helpers get a share
+        for (int64_t i = b; i < e; ++i) {
+          for (int j = 0; j < 200; ++j) spin = spin + j;
+          visits[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+        }
+      });
+    }
+    std::vector<int> out(visits.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = visits[i].load();
+    return std::make_tuple(out, ranges.load(), max_worker.load());
+  });
 
   m.def("row_norm", [](int kind, int dtype, int64_t n, float eps, int threads, const std::string& d) {
     auto k = std::make_unique<RowNormKernel>();

@@ -21,6 +21,26 @@ void parallel_for(int64_t n, int64_t grain, int threads, F&& f) {
   parallel_for_impl(n, grain, threads, trampoline, const_cast<void*>(static_cast<const void*>(&f)));
 }
 
+// Chunks per thread a parallel_for aims for (fewer when `grain` allows fewer).
+inline constexpr int64_t kChunksPerThread = 16;
+
+// Counters over the parallel regions run so far (for tests and benchmarks): regions, chunks
+// in them, and chunks the calling thread ran itself (the rest ran on the pool's workers).
+struct PoolStats {
+  uint64_t rounds = 0;
+  uint64_t chunks = 0;
+  uint64_t caller_chunks = 0;
+  uint64_t openmp_rounds = 0;  // regions run on the OpenMP team rather than our own pool
+  uint64_t openmp_stalls = 0;  // team regions that waited for a descheduled thread
+};
+PoolStats pool_stats();
+
+// Whether regions run on the calling thread's team of an already-loaded OpenMP runtime
+// (torch's) when there is one (the default), or always on our own pool. Returns whether
+// the OpenMP team will be used.
+bool set_use_openmp(bool on);
+bool openmp_available();
+
 // Index of the calling thread in the current parallel region (0 outside one).
 int worker_index();
 

@@ -1,0 +1,107 @@
+"""Scheduling of parallel regions: every index of a range runs exactly once, on our own pool
+and on torch's OpenMP team, from one or several calling threads, with more threads asked
+for than the machine has; work too small to split stays on the calling thread."""
+
+import threading
+
+import pytest
+import torch
+
+from conftest import spec
+from tileops_native_cpu import builders as b
+
+POOLS = ["own", "openmp"]
+
+
+@pytest.fixture(params=POOLS)
+def pool(request, native):
+    if request.param == "openmp" and not native.openmp_available():
+        pytest.skip("no OpenMP runtime loaded in this process")
+    native.set_use_openmp(request.param == "openmp")
+    yield request.param
+    native.set_use_openmp(True)
+
+
+@pytest.mark.parametrize("n, grain, threads", [
+    (1, 1, 4), (2, 1, 2), (7, 3, 2), (100, 1, 2), (1000, 1, 3), (4096, 16, 2), (100000, 7, 8), (5000, 1, 64),
+    (65535 * 3, 1, 256),
+])
+def test_every_index_runs_exactly_once(native, pool, n, grain, threads):
+    visits, ranges, max_worker = native.parallel_for_check(n, grain, threads)
+    assert len(visits) == n
+    assert set(visits) == {1}
+    assert ranges <= max(1, min(threads * 16, -(-n // grain)))
+    assert max_worker < threads
+
+
+def test_a_range_of_one_chunk_stays_on_the_calling_thread(native, pool):
+    before = native.pool_stats()[0]
+    visits, ranges, max_worker = native.parallel_for_check(1000, 1000, 2)
+    assert (set(visits), ranges, max_worker) == ({1}, 1, 0)
+    assert native.pool_stats()[0] == before
+
+
+def test_regions_from_several_threads_at_once_each_run_every_index_once(native, pool):
+    results, errors = [], []
+
+    def body(i):
+        try:
+            for _ in range(20):
+                results.append(native.parallel_for_check(3000 + i, 1 + i % 3, 2 + i % 3))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 80
+    assert all(set(v) == {1} for v, _, _ in results)
+
+
+def test_a_region_splits_into_several_chunks_per_thread_and_workers_take_part(native, pool):
+    before = native.pool_stats()
+    for _ in range(50):
+        native.parallel_for_check(20000, 1, 2)
+    after = native.pool_stats()
+    rounds, chunks = after[0] - before[0], after[1] - before[1]
+    assert rounds == 50
+    assert chunks == 50 * 32  # 16 chunks per thread
+    on_team = after[3] - before[3]
+    if pool == "own":
+        assert on_team == 0
+    elif after[4] == before[4]:  # no stall (a busy machine may send regions back to our pool)
+        assert on_team == 50
+
+
+def test_decode_sized_calls_do_not_open_a_parallel_region(native):
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x, w = torch.randn(1, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
+        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(4096,), eps=1e-6)
+        before = native.pool_stats()[0]
+        for _ in range(10):
+            kernel(x, w)
+        assert native.pool_stats()[0] == before
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_kernels_agree_on_both_pools(native):
+    x = torch.randn(512, 1024, dtype=torch.bfloat16)
+    w = torch.randn(1024, dtype=torch.bfloat16)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(1024,), eps=1e-6)
+        outs = []
+        for use in (False, True):
+            native.set_use_openmp(use)
+            outs.append(kernel(x, w))
+        assert torch.equal(outs[0], outs[1])
+    finally:
+        native.set_use_openmp(True)
+        torch.set_num_threads(old)
