@@ -154,3 +154,36 @@ def test_gqa_refuses_heads_that_are_not_a_multiple_of_kv_heads():
     q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 4, 4, 8)
     with pytest.raises(ValueError, match="H=6, H_kv=4"):
         b.build_gqa(spec(q), spec(k), spec(k), is_causal=True)
+
+
+# bfloat16 NT with 16 < m <= 256 and even K reads the weight in place (AVX-512 BF16): strips
+# of 32 rows (a last strip of up to 16 on one vector), tiles of 12 columns (partial last
+# tile), K in blocks of 1024 with a remainder, N in blocks of 3072; A row-major or
+# transposed (strided packing); m = 257 and odd K take the packed path beside it.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("m,n,k", [
+    (17, 12, 2), (31, 13, 70), (32, 1, 1024), (40, 25, 2050), (48, 100, 66), (128, 3100, 130), (256, 37, 3000),
+    (257, 40, 64), (100, 30, 71),
+])
+def test_bf16_nt_gemm_from_the_weight_layout_matches_matmul(threads, trans_a, m, n, k):
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randn((k, m) if trans_a else (m, k), dtype=torch.bfloat16)
+        w = torch.randn(n, k, dtype=torch.bfloat16)
+        out = run(b.build_gemm, a, w, trans_a=trans_a, trans_b=True)
+    finally:
+        torch.set_num_threads(old)
+    ref = (a.float().T if trans_a else a.float()) @ w.float().T
+    close(out, ref.to(torch.bfloat16), scale=max(1.0, k**0.5 / 4))
+
+
+def test_bf16_nt_gemm_exact_on_small_integers():
+    # integer-valued operands make every product and sum exact in float32: any element
+    # computed from the wrong row, column or K pair shows as a difference
+    a = torch.randint(-3, 4, (77, 2048)).to(torch.bfloat16)
+    w = torch.randint(-3, 4, (3100, 2048)).to(torch.bfloat16)
+    out = run(b.build_gemm, a, w, trans_a=False, trans_b=True)
+    ref = (a.double() @ w.double().T)
+    assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
