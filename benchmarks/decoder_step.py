@@ -76,6 +76,12 @@ def main() -> int:
     per_round = sorted(x / y for x, y in zip(rates[names[0]], rates[names[1]]))
     print(f"\nspeed-up (ratio of medians) {ratio:.2f}x; per-round ratios {per_round[0]:.2f}..{per_round[-1]:.2f}; "
           f"target >= {TARGET_RATIO}x: {'ok' if ratio >= TARGET_RATIO else 'MISS'}")
+    native = sys.modules.get("tileops_native_cpu.builders")
+    if native is not None and hasattr(native.native(), "pool_stats"):
+        rounds, chunks, caller, on_team, stalls = native.native().pool_stats()
+        if rounds:
+            print(f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled; "
+                  f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
     set_default_target(None)
     return 0
 

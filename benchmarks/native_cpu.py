@@ -298,6 +298,19 @@ def main() -> None:
         if "MISS" in line or "MISMATCH" in line:
             misses.append(f"{case.op} {case.label}")
     print(f"\n{len(misses)} case(s) miss a target" + (": " + "; ".join(misses) if misses else ""))
+    print(pool_line(native))
+
+
+def pool_line(native) -> str:
+    """How native_cpu's parallel regions ran (torch's OpenMP team or its own pool)."""
+    if not hasattr(native, "pool_stats"):
+        return ""
+    rounds, chunks, caller, on_team, stalls = native.pool_stats()
+    if not rounds:
+        return "native_cpu parallel regions: none"
+    return (f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled "
+            f"(a team thread over 1 ms late: the next regions went to the own pool); calling thread ran "
+            f"{caller / max(chunks, 1):.0%} of the chunks")
 
 
 if __name__ == "__main__":
