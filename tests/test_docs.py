@@ -104,7 +104,7 @@ def test_the_guide_quotes_every_error_it_promises_to_explain():
 # example backend (mini_cpu). They run in order in one fresh interpreter.
 SCENARIOS = {
     "no-builder": "SoftmaxFwdOp()(x)",
-    "unknown-target": "RMSNormFwdOp(normalized_shape=(64,), target='nope')",
+    "unknown-target": "RMSNormFwdOp(normalized_shape=(64,), target='nope')(x, w)",
     "builtin-on-cpu": "RMSNormFwdOp(normalized_shape=(64,), target=BUILTIN)(x, w)",
     "wrong-device": """
         op = RMSNormFwdOp(normalized_shape=(64,))

@@ -107,5 +107,39 @@ std::string recursive_build(const std::string& op) {
          "builder must not wait on its own result";
 }
 
+std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements,
+                                 bool served_elsewhere) {
+  std::string text = kernel + " is a CUDA kernel; got " + placements + ".";
+  if (served_elsewhere) text += " Another target's backend serves other devices.";
+  return text;
+}
+
+std::string in_tree_not_built(const std::string& kernel) {
+  return kernel +
+         " is a CUDA kernel, and this installation of tileops was built without in-tree CUDA "
+         "kernels; install a backend that serves cuda devices and pass its name as target=, or "
+         "use a tileops build with CUDA kernels";
+}
+
+std::string wrong_result_count(const std::string& op, const std::string& who,
+                               const std::string& returned, size_t declared,
+                               const std::string& names) {
+  return op + ": " + who + " returned " + returned + "; the manifest declares " +
+         std::to_string(declared) + " output tensor(s): " + names;
+}
+
+std::string wrong_result_meta(const std::string& op, const std::string& who,
+                              const std::string& output, const std::string& got,
+                              const std::string& declared) {
+  return op + ": " + who + " returned output " + py_repr(output) + " as " + got +
+         "; the manifest declares " + declared;
+}
+
+std::string result_aliases_input(const std::string& op, const std::string& who,
+                                 const std::string& output) {
+  return op + ": " + who + " returned output " + py_repr(output) +
+         " sharing memory with an input; outputs must be fresh tensors";
+}
+
 }  // namespace messages
 }  // namespace tileops::engine

@@ -52,6 +52,20 @@ std::string not_callable(const std::string& target, const std::string& op, const
                          const std::string& returned);
 std::string wrong_device(const std::string& op, const std::string& target, const std::string& device);
 std::string recursive_build(const std::string& op);
+// G1: an in-tree (CUDA) kernel asked to serve another device; `placements` reads
+// "x on cpu and weight on cpu".
+std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements,
+                                 bool served_elsewhere);
+std::string in_tree_not_built(const std::string& kernel);
+// E6: a kernel's first result checked against the manifest's outputs.
+std::string wrong_result_count(const std::string& op, const std::string& who,
+                               const std::string& returned, size_t declared,
+                               const std::string& names);
+std::string wrong_result_meta(const std::string& op, const std::string& who,
+                              const std::string& output, const std::string& got,
+                              const std::string& declared);
+std::string result_aliases_input(const std::string& op, const std::string& who,
+                                 const std::string& output);
 
 }  // namespace messages
 }  // namespace tileops::engine

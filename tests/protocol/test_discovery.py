@@ -447,7 +447,7 @@ def one_failed(site):
 
 def test_with_a_failed_backend_an_unknown_target_error_ends_with_the_failure_note(one_failed):
     with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")
+        rms_op(target="nope")(*rms_inputs())
     assert str(raised.value) == (
         "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
     )
@@ -485,7 +485,7 @@ def test_the_failure_note_counts_every_failed_backend(site):
     site.backend("broken_two", "raise ValueError('kaput')")
     discover()
     with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")
+        rms_op(target="nope")(*rms_inputs())
     assert str(raised.value) == (
         "no backend registered target 'nope'; known targets: []"
         " (2 backend(s) failed to load; see tileops.backend.load_failures())"
@@ -508,5 +508,5 @@ def test_an_op_not_available_error_never_carries_the_failure_note(one_failed):
 def test_without_failed_backends_no_error_carries_the_failure_note(site):
     site.backend("acme", good("acme"))
     with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")
+        rms_op(target="nope")(*rms_inputs())
     assert str(raised.value) == "no backend registered target 'nope'; known targets: ['acme']"

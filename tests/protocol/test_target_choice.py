@@ -278,7 +278,7 @@ def test_each_new_instance_asks_the_detectors_again(calls):
 def test_an_unregistered_target_is_an_unknown_target_error_with_the_exact_text():
     register_detector("torch_cpu", claims("cpu"))
     with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")
+        rms_op(target="nope")(*rms_inputs())
     assert str(raised.value) == "no backend registered target 'nope'; known targets: ['torch_cpu']"
 
 
@@ -339,3 +339,16 @@ def test_a_builder_that_fails_falls_back_to_nothing(calls):
     with pytest.raises(ValueError, match="fussy rms_norm needs float32"):
         first_call(rms_op(kernel_map=cpu_in_tree(calls)))
     assert calls == ["fussy"]
+
+
+def test_an_unregistered_target_constructs_and_is_reported_at_the_first_call():
+    register_detector("torch_cpu", claims("cpu"))
+    op = rms_op(target="nope")  # C4: the target is settled by the first call
+    assert op.settled_target is None
+    with pytest.raises(UnknownTargetError) as raised:
+        op(*rms_inputs())
+    assert str(raised.value) == "no backend registered target 'nope'; known targets: ['torch_cpu']"
+    assert op.settled_target is None
+    register_kernel_builder("RMSNormFwdOp", "nope", rms_builder([], "nope"))
+    op(*rms_inputs())  # registered since: the same instance now settles on it
+    assert op.settled_target == "nope"

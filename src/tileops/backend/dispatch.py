@@ -14,14 +14,16 @@ from .types import BUILTIN, Target, _Builtin
 
 
 def request(target: Target | None) -> tuple[str, str]:
-    """Validate a constructor's ``target=``: ``None`` means "decide at the first call"."""
+    """A constructor's ``target=`` as the engine's request. ``None`` means "decide at the
+    first call"; a name is checked against the registry there too (C4), so an unknown
+    one raises ``UnknownTargetError`` at the first call, not at construction."""
     discovery.ensure_discovered()
     if target is None:
         return ("detect", "")
     if isinstance(target, _Builtin):
         return ("builtin", "")
-    if isinstance(target, str):
-        return _registry.check_requested("named", target)
+    if isinstance(target, str) and target:
+        return ("named", target)
     raise TypeError(f"target= takes a registered name, BUILTIN or None; got {target!r}")
 
 

@@ -69,6 +69,8 @@ class OpEntry:
         *,
         name: str,
         family: str,
+        modules: tuple[str, ...],
+        doc: str | None,
         ref_api: str | None,
         fullgraph: bool,
         inputs: tuple[InputDecl, ...],
@@ -87,6 +89,8 @@ class OpEntry:
     ) -> None:
         self.name = name
         self.family = family
+        self.modules = modules  # modules[0] defines the op class; the rest re-export it
+        self.doc = doc
         self.ref_api = ref_api
         self.fullgraph = fullgraph
         self.inputs = inputs
@@ -179,9 +183,10 @@ class OpEntry:
             dtype = getattr(spec, "dtype", None)
             shape = getattr(spec, "shape", None)
             if not isinstance(dtype, torch.dtype) or not isinstance(shape, (tuple, list)):
+                shown = repr(spec) if len(repr(spec)) <= 80 else repr(spec)[:77] + "..."
                 raise TypeError(
-                    f"{self.name}: input '{decl.name}' expects a tensor, "
-                    f"got {spec!r} ({type(spec).__name__})"
+                    f"{self.name}: input '{decl.name}' expects a tensor"
+                    f"{' or None' if decl.optional else ''}, got {type(spec).__name__}: {shown}"
                 )
             device = getattr(spec, "device", None)
             if device is not None:
@@ -191,7 +196,7 @@ class OpEntry:
                     raise ValueError(
                         f"{self.name}: inputs must be on one device; input "
                         f"'{first_device[0]}' is on {first_device[1]} and input "
-                        f"'{decl.name}' is on {device}"
+                        f"'{decl.name}' is on {device} (pass CPU scalars as params, not tensors)"
                     )
             if decl.same_as is None:
                 assert decl.dtypes is not None

@@ -24,6 +24,8 @@ from ._types import (
 
 _ENTRY_KEYS = {
     "family",
+    "module",
+    "doc",
     "ref_api",
     "torch_compile_fullgraph",
     "signature",
@@ -31,7 +33,9 @@ _ENTRY_KEYS = {
     "kernel_map",
     "workloads",
 }
-_ENTRY_OPTIONAL = {"torch_compile_fullgraph"}
+_ENTRY_OPTIONAL = {"torch_compile_fullgraph", "doc"}
+# Op classes live under this package; `module:` names where (see ops/_catalog.py).
+_OPS_PACKAGE = "tileops.ops"
 _SIGNATURE_KEYS = {"inputs", "outputs", "params", "param_rules", "shape_rules"}
 _SIGNATURE_OPTIONAL = {"params", "param_rules", "shape_rules"}
 _INPUT_KEYS = {"dtype", "optional", "mutated"}
@@ -161,6 +165,27 @@ def _resolve_ref_api(ctx: _Ctx, value: Any) -> str | None:
     return value
 
 
+def _modules(ctx: _Ctx, value: Any) -> tuple[str, ...]:
+    """``module:`` is one dotted path under tileops.ops, or a list of them (the first is
+    where the class is defined; the others keep older import paths working)."""
+    paths = value if isinstance(value, list) else [value]
+    if not paths:
+        raise ctx.error("module", "expected a module path or a non-empty list of them")
+    for path in paths:
+        parts = path.split(".") if isinstance(path, str) else []
+        if (
+            not path.startswith(_OPS_PACKAGE + ".")
+            or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
+            or any(p.startswith("_") for p in parts)
+        ):
+            raise ctx.error(
+                "module", f"expected a dotted module path under {_OPS_PACKAGE}, got {path!r}"
+            )
+    if len(set(paths)) != len(paths):
+        raise ctx.error("module", f"names a module twice: {paths!r}")
+    return tuple(paths)
+
+
 def _inputs(ctx: _Ctx, raw: Any) -> tuple[InputDecl, ...]:
     field = "signature.inputs"
     decls: list[InputDecl] = []
@@ -251,6 +276,10 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
     if not isinstance(family, str) or not family:
         raise ctx.error("family", f"expected a non-empty string, got {family!r}")
     ref_api = _resolve_ref_api(ctx, raw["ref_api"])
+    modules = _modules(ctx, raw["module"])
+    doc = raw.get("doc")
+    if doc is not None and (not isinstance(doc, str) or not doc.strip()):
+        raise ctx.error("doc", f"expected a non-empty string, got {doc!r}")
     fullgraph = ctx.flag(raw.get("torch_compile_fullgraph", False), "torch_compile_fullgraph")
 
     sig = ctx.mapping(raw["signature"], "signature", empty_ok=False)
@@ -318,6 +347,8 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
     entry = OpEntry(
         name=name,
         family=family,
+        modules=modules,
+        doc=doc,
         ref_api=ref_api,
         fullgraph=fullgraph,
         inputs=inputs,

@@ -1,48 +1,22 @@
-"""Every tileops op. Each is declared in a manifest (``tileops/manifest/*.yaml``) and
-constructed with its manifest params plus keyword-only ``target``, ``kernel_map``, ``tune``.
+"""Every tileops op: one class per manifest entry (``tileops/manifest/*.yaml``), at the
+module the entry names and here. Each is constructed with its manifest params plus
+keyword-only ``target``, ``kernel_map``, ``tune``.
 
     from tileops.ops import RMSNormFwdOp
     y = RMSNormFwdOp(normalized_shape=(4096,))(x, weight)
 """
 
-from .attention.gqa import GroupedQueryAttentionDecodeWithKVCacheFwdOp, GroupedQueryAttentionFwdOp
-from .bmm import BmmFwdOp
-from .elementwise.activations import GeluFwdOp, ReluFwdOp, SiluAndMulFwdOp, SiluFwdOp
-from .elementwise.binary import AddFwdOp, MulFwdOp
-from .elementwise.clamp import ClampFwdOp
-from .gemm import GemmFwdOp
-from .norm.fused_add_rms_norm import FusedAddRMSNormFwdOp
-from .norm.group_norm import GroupNormFwdOp
-from .norm.layer_norm import LayerNormFwdOp
-from .norm.rms_norm import RMSNormFwdOp
+from . import _catalog
 from .op import Op
-from .reduction.reduce import AmaxFwdOp, MeanFwdOp, SumFwdOp
-from .reduction.softmax import LogSoftmaxFwdOp, SoftmaxFwdOp
-from .rope import RopeNeoxFwdOp, RopeNeoxPositionIdsFwdOp
 
-ALL_OPS: tuple[type[Op], ...] = (
-    RMSNormFwdOp,
-    FusedAddRMSNormFwdOp,
-    LayerNormFwdOp,
-    GroupNormFwdOp,
-    SoftmaxFwdOp,
-    LogSoftmaxFwdOp,
-    SumFwdOp,
-    MeanFwdOp,
-    AmaxFwdOp,
-    GemmFwdOp,
-    BmmFwdOp,
-    AddFwdOp,
-    MulFwdOp,
-    SiluFwdOp,
-    GeluFwdOp,
-    ReluFwdOp,
-    SiluAndMulFwdOp,
-    ClampFwdOp,
-    RopeNeoxFwdOp,
-    RopeNeoxPositionIdsFwdOp,
-    GroupedQueryAttentionFwdOp,
-    GroupedQueryAttentionDecodeWithKVCacheFwdOp,
-)
+_OPS = _catalog.build()
+globals().update(_OPS)
 
-__all__ = [cls.__name__ for cls in ALL_OPS] + ["ALL_OPS", "Op"]
+#: Every op class, in manifest order.
+ALL_OPS: tuple[type[Op], ...] = tuple(_OPS.values())
+
+__all__ = [*_OPS, "ALL_OPS", "Op"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_OPS})

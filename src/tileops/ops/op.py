@@ -48,10 +48,11 @@ def _weak(instance: Op, method: str) -> Callable[..., Any]:
     return call
 
 
-def _spec(tensor: torch.Tensor | None) -> TensorSpec | None:
-    if tensor is None:
-        return None
-    return TensorSpec(tensor.device, tensor.dtype, tuple(tensor.shape))
+def _spec(value: Any) -> Any:
+    """The TensorSpec of a tensor; anything else as it came, for the manifest to refuse."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return TensorSpec(value.device, value.dtype, tuple(value.shape))
 
 
 def _make_forward(cls: type[Op], names: Sequence[str], optional: Sequence[bool]) -> None:
@@ -190,6 +191,9 @@ class Op:
         """The target serving this instance: None before its first call, BUILTIN for in-tree."""
         return self._settled
 
+    #: The same, under the name upstream's example-backend tests read.
+    _settled_target = settled_target
+
     def built_kernels(self, role: str) -> Mapping[tuple, Any]:
         """Read-only view of what is memoized for ``role`` (for tests and introspection).
 
@@ -221,34 +225,8 @@ class Op:
 
     # ---- the miss path ----------------------------------------------------------------
 
-    def _check_args(self, args: tuple[Any, ...]) -> tuple[torch.Tensor | None, ...]:
-        entry, name = self._entry, type(self).__name__
-        if len(args) != len(entry.inputs):
-            raise TypeError(
-                f"{name} takes {len(entry.inputs)} inputs "
-                f"({', '.join(i.name for i in entry.inputs)}), got {len(args)}"
-            )
-        device = None
-        for decl, value in zip(entry.inputs, args):
-            if value is None:
-                continue
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"{name}: input {decl.name!r} must be a torch.Tensor"
-                    f"{' or None' if decl.optional else ''}, got {type(value).__name__}: "
-                    f"{_short_repr(value)}"
-                )
-            if device is None:
-                device, first = value.device, decl.name
-            elif value.device != device:
-                raise ValueError(
-                    f"{name}: all inputs must be on one device; {first!r} is on {device} but "
-                    f"{decl.name!r} is on {value.device} (pass CPU scalars as params, not tensors)"
-                )
-        return args
-
-    def _on_miss(self, *args: Any) -> Any:
-        tensors = self._check_args(args)
+    def _on_miss(self, *tensors: Any) -> Any:
+        # The manifest is the one place a call is validated (arity, types, devices, rules).
         specs = [_spec(t) for t in tensors]
         self._entry.check_inputs(specs, self.params)
         self._check_output_sizes(specs)
@@ -308,11 +286,19 @@ class Op:
     ) -> Callable[[], Any]:
         """``build`` for the in-tree kernel of ``role``: constructed from specs only."""
         kernel = self.kernel_map[role]
-        if isinstance(kernel, str):
-            kernel = in_tree_kernel(kernel)
         specs = {d.name: _spec(t) for d, t in zip(self._entry.inputs, tensors)}
         params = dict(self.params)
-        return lambda: kernel(specs, **params, **compile_time)
+        if not isinstance(kernel, str):  # a caller's kernel_map entry
+            return lambda: kernel(specs, **params, **compile_time)
+        shipped = in_tree_kernel(kernel)
+        device = next(t.device for t in tensors if t is not None)
+
+        def build() -> Any:
+            # G1's second sentence says whether some target's backend claims this device.
+            elsewhere = dispatch.any_target_claims(device)
+            return shipped(specs, served_elsewhere=elsewhere, **params, **compile_time)
+
+        return build
 
     def get_or_build_kernel(
         self,
@@ -395,23 +381,19 @@ class Op:
         expected = entry.output_meta(specs, entry.call_params(specs, self.params))
         outputs = result if isinstance(result, tuple) else (result,)
         who = "the in-tree kernel" if self._settled is BUILTIN else f"target {self._settled!r}"
+        messages = _C.messages
         if len(outputs) != len(expected) or not all(isinstance(o, torch.Tensor) for o in outputs):
+            names = ", ".join(o.name for o in entry.outputs)
             raise BackendError(
-                f"{name}: {who} returned {_short_repr(result)}; the manifest declares "
-                f"{len(expected)} output tensor(s): {', '.join(o.name for o in entry.outputs)}"
+                messages.wrong_result_count(name, who, _short_repr(result), len(expected), names)
             )
         for decl, out, (dtype, shape) in zip(entry.outputs, outputs, expected):
             if out.dtype != dtype or tuple(out.shape) != tuple(shape):
-                raise BackendError(
-                    f"{name}: {who} returned output {decl.name!r} as {out.dtype} "
-                    f"{tuple(out.shape)}; the manifest declares {dtype} {tuple(shape)}"
-                )
+                got, declared = f"{out.dtype} {tuple(out.shape)}", f"{dtype} {tuple(shape)}"
+                raise BackendError(messages.wrong_result_meta(name, who, decl.name, got, declared))
             for arg in args:
                 if isinstance(arg, torch.Tensor) and _aliases(out, arg):
-                    raise BackendError(
-                        f"{name}: {who} returned output {decl.name!r} sharing memory with an "
-                        "input; outputs must be fresh tensors"
-                    )
+                    raise BackendError(messages.result_aliases_input(name, who, decl.name))
 
     def _returns_input(self) -> bool:
         return False

@@ -1,3 +1,6 @@
+"""Activations that can write their input (``inplace=True``); the other ops of this
+module (GeluFwdOp, SiluAndMulFwdOp) are generated from their manifest entries."""
+
 from __future__ import annotations
 
 from ..op import Op
@@ -25,11 +28,3 @@ class SiluFwdOp(_InPlaceCapable):
 
 class ReluFwdOp(_InPlaceCapable):
     """torch.nn.functional.relu. ``ReluFwdOp(*, inplace=False)``, then ``op(input)``."""
-
-
-class GeluFwdOp(Op):
-    """torch.nn.functional.gelu. ``GeluFwdOp(*, approximate="none")`` ('none' or 'tanh')."""
-
-
-class SiluAndMulFwdOp(Op):
-    """silu(gate) · value, where x [M, 2N] = [gate | value]. ``SiluAndMulFwdOp()``."""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from .op import Op
+from ..op import Op
 
 
 class GemmFwdOp(Op):

@@ -1,1 +1,0 @@
-"""Reduction ops (manifest: reduction.yaml)."""
