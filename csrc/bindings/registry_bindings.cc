@@ -142,6 +142,10 @@ void bind_registry(nb::module_& m) {
              return engine::target_claims(self, target, device_text, ask_with(device));
            });
 
+  // The process's one registry, owned by this module: tileops.backend's registry functions
+  // and discovery's transactions both use it without importing each other.
+  m.attr("process_registry") = nb::cast(new Registry(), nb::rv_policy::take_ownership);
+
   // The error texts the Python side raises itself, so each is still written once.
   nb::module_ messages = m.def_submodule("messages", "Error texts, written once in the engine.");
   namespace msg = engine::messages;

@@ -13,6 +13,8 @@ import sys
 import threading
 import warnings
 
+from .. import _C
+
 GROUP = "tileops.backends"
 
 _discovered = False
@@ -36,7 +38,7 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
 
 def _discover() -> None:
     global _discovered, _running_in
-    from .registry import _registry  # the registry imports this module
+    _registry = _C.process_registry
 
     with _lock:
         # A backend reading the registry while it is being imported (same thread) gets
@@ -81,7 +83,7 @@ def _discover() -> None:
 def _reset_for_tests() -> None:
     """Forget every registration and allow discovery to run again (tests only)."""
     global _discovered
-    from .registry import _registry
+    _registry = _C.process_registry
 
     with _lock:
         _registry.clear()

@@ -18,9 +18,9 @@ from .types import BUILTIN, BuildKernel, Target, _Builtin
 
 _C.set_error_classes(BackendError, UnknownTargetError, AmbiguousTargetError, OpNotAvailableError)
 
-#: The process's one registry. Private on purpose: a second public path to the tables
-#: would be a second thing to keep consistent.
-_registry = _C.Registry()
+#: The process's one registry (the engine owns it). Private on purpose: a second public
+#: path to the tables would be a second thing to keep consistent.
+_registry = _C.process_registry
 
 
 def describe_callable(fn: object) -> str:

@@ -12,12 +12,26 @@ param and shape rules, and a step that breaks one is undone and that class left 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from ._entry import OpEntry, Shape
+Shape = tuple[int, ...]
+
+
+class OpEntry(Protocol):
+    """What scaling asks of a manifest entry (``_entry.OpEntry``, which calls this module)."""
+
+    def init_params(self, given: Mapping[str, object]) -> dict[str, Any]: ...
+
+    def check_inputs(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> None: ...
+
+    def case_specs(self, shapes: Mapping[str, Shape | None], dtype: torch.dtype) -> list[Any]: ...
+
+    def output_meta(
+        self, specs: Sequence[object | None], params: Mapping[str, Any]
+    ) -> list[tuple[torch.dtype, Shape]]: ...
 
 BUDGET = 1 << 21  # elements per tensor (inputs and outputs)
 _FLOOR = 16  # never halve a dim below this: keeps tiles, K % 16 and head groups sensible

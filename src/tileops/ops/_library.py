@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..backend.types import BUILTIN, _Builtin
 
-if TYPE_CHECKING:
-    from .op import Op
+# An op class or instance (tileops.ops.op.Op). Not imported: op.py imports this module,
+# and this one needs only the attributes it reads.
+Op = Any
 
 _BUILTIN_TAG = "<builtin>"
 _instances: OrderedDict[tuple, Op] = OrderedDict()
@@ -72,7 +73,7 @@ def _schema(cls: type, mutating: bool) -> str:
     return f"({', '.join(args)}) -> {returns}"
 
 
-def define_custom_op(cls: type[Op]) -> None:
+def define_custom_op(cls: Any) -> None:
     """Registers ``tileops::<op_name>`` (and ``<op_name>_`` where an input is written)."""
     entry = cls._entry
     name = _op_name(cls)
@@ -134,7 +135,7 @@ def _target_tag(op: Op) -> str:
     return _BUILTIN_TAG if isinstance(target, _Builtin) else target
 
 
-def _instance(cls: type[Op], params: dict, extras: dict, target: str) -> Op:
+def _instance(cls: Any, params: dict, extras: dict, target: str) -> Op:
     """The eager op behind a custom op call: one per (class, params, target), bounded."""
     key = (
         cls,
