@@ -11,13 +11,15 @@ Never a crash, never another exception type, never a kernel failing on inputs th
 validation let through. The oracle for "accepted" is the reference implementation run
 on meta copies of the inputs (torch's shape logic), not the manifest under test.
 
-Calls are generated from a small valid call per op (its sizes drawn, zero included) with
-0-3 mutations applied; a mutation that breaks a structural rule (arity, a non-tensor, a
+Calls are generated from a small valid call per op, derived from its manifest workloads
+(tiny scale; dtype, bool and optional params and the leading dim drawn), with 0-3
+mutations applied; a mutation that breaks a structural rule (arity, a non-tensor, a
 required input missing, a dtype outside the declared set, two devices) must be rejected.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +33,7 @@ from hypothesis.control import currently_in_test_context
 from tileops import manifest
 from tileops.backend import OpNotAvailableError, register_detector, register_kernel_builder
 from tileops.ops import ALL_OPS
-from tileops.testing import references
+from tileops.testing import harness, references
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 DTYPES = [
@@ -148,101 +150,51 @@ def t(shape: tuple[int, ...], dtype: torch.dtype) -> tuple:
     return ("tensor", tuple(shape), dtype, CPU, True)
 
 
+def _seed_cases(op: str) -> list[harness.Case]:
+    """The op's workloads at the tiny scale, and the harness's one-row and odd variants."""
+    return [c for c in harness.cases(None, ops=[op], scale="tiny") if not c.strided]
+
+
+def _is_valid(entry: manifest.OpEntry, shapes: dict, params: dict, dtype: torch.dtype) -> bool:
+    try:
+        entry.check_inputs(entry.case_specs(shapes, dtype), entry.init_params(params))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 @st.composite
 def seeds(draw: st.DrawFn, op: str) -> Call:
-    size = st.integers(0, 5)
-    m, n, k = draw(size), draw(st.integers(1, 6)), draw(size)
-    floats = st.sampled_from([F16, BF16, F32])
-    halves = st.sampled_from([F16, BF16])
-    if op == "RMSNormFwdOp":
-        d = draw(halves)
-        eps = draw(st.sampled_from([None, 1e-5]))
-        return Call({"normalized_shape": (n,), "eps": eps}, [t((m, n), d), t((n,), d)])
-    if op == "FusedAddRMSNormFwdOp":
-        d = draw(halves)
-        return Call({"eps": 1e-6}, [t((m, n), d), t((m, n), d), t((n,), d)])
-    if op == "LayerNormFwdOp":
-        d = draw(floats)
-        return Call({"normalized_shape": [n]}, [t((m, n), d), t((n,), d), t((n,), d)])
-    if op == "GroupNormFwdOp":
-        d, groups, per = draw(floats), draw(st.integers(1, 3)), draw(st.integers(1, 2))
-        c = groups * per
-        affine = draw(st.booleans())
-        rest = [t((c,), d), t((c,), d)] if affine else [("none",), ("none",)]
-        return Call({"num_groups": groups}, [t((m, c, k), d), *rest])
-    if op in ("SoftmaxFwdOp", "LogSoftmaxFwdOp"):
-        return Call({"dim": draw(st.sampled_from([None, -1, 0, 1]))}, [t((m, n), draw(floats))])
-    if op in ("SumFwdOp", "MeanFwdOp", "AmaxFwdOp"):
-        dim = draw(st.sampled_from([None, 0, -1, (0, 2), [1]]))
-        return Call({"dim": dim, "keepdim": draw(st.booleans())}, [t((m, n, k), draw(floats))])
-    if op == "GemmFwdOp":
-        d, ta, tb = draw(halves), draw(st.booleans()), draw(st.booleans())
-        a = (k, m) if ta else (m, k)
-        b = (n, k) if tb else (k, n)
-        return Call({"trans_a": ta, "trans_b": tb}, [t(a, d), t(b, d)])
-    if op == "BmmFwdOp":
-        d, kk = draw(halves), 16 * draw(st.integers(0, 2))
-        return Call({}, [t((k, m, kk), d), t((k, kk, n), d)])
-    if op in ("AddFwdOp", "MulFwdOp"):
-        d = draw(st.sampled_from([F16, BF16, F32, torch.int32, torch.int64, torch.uint8]))
-        other = draw(st.sampled_from([(m, n), (n,), (1, n), ()]))
-        ctor = {"alpha": draw(st.sampled_from([1, 2, 0.5]))} if op == "AddFwdOp" else {}
-        return Call(ctor, [t((m, n), d), t(other, d)])
-    if op in ("SiluFwdOp", "ReluFwdOp"):
-        return Call({"inplace": draw(st.booleans())}, [t((m, n), draw(floats))])
-    if op == "GeluFwdOp":
-        return Call(
-            {"approximate": draw(st.sampled_from(["none", "tanh"]))}, [t((m, n), draw(floats))]
-        )
-    if op == "SiluAndMulFwdOp":
-        return Call({}, [t((m, 2 * n), draw(floats))])
-    if op == "ClampFwdOp":
-        d = draw(floats)
-        low = draw(st.sampled_from([t((m, n), d), t((n,), d), ("none",)]))
-        high = draw(
-            st.sampled_from([t((m, n), d), ("none",)] if low != ("none",) else [t((m, n), d)])
-        )
-        return Call({}, [t((m, n), d), low, high])
-    if op == "RopeNeoxFwdOp":
-        layout = draw(st.sampled_from(["1d", "2d"]))
-        shape = (m, 2 * n) if layout == "1d" else (k, m, 2, 2 * n)
-        return Call({"layout": layout, "base": 10000.0}, [t(shape, draw(floats))])
-    if op == "RopeNeoxPositionIdsFwdOp":
-        rotary = 2 * draw(st.integers(1, n))
-        ids = draw(st.sampled_from([torch.int32, torch.int64]))
-        return Call(
-            {"max_position": 64, "rotary_dim": rotary},
-            [t((m, 2, 2 * n), draw(floats)), t((m,), ids)],
-        )
-    if op == "GroupedQueryAttentionFwdOp":
-        b, h, g, s = (
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 4)),
-        )
-        d, dim = draw(halves), 2 * n
-        ctor = {
-            "batch": b,
-            "heads": h * g,
-            "heads_kv": h,
-            "seq_len": s,
-            "dim": dim,
-            "is_causal": draw(st.booleans()),
+    """A valid call derived from the manifest: one of its workloads at the tiny scale, in
+    any dtype the first input allows, with bool and optional params drawn and the leading
+    dim sometimes 0 or 1; where a draw breaks the op's rules the workload stays as written."""
+    entry = manifest.entry(op)
+    case = draw(st.sampled_from(_seed_cases(op)))
+    shapes, params, dtype = dict(case.shapes), dict(case.params), case.dtype
+    drawn_dtype = draw(st.sampled_from(entry.inputs[0].dtypes))
+    drawn_params = dict(params)
+    for decl in entry.params:
+        if decl.type == "bool":
+            drawn_params[decl.name] = draw(st.booleans())
+        elif "None" in decl.type.split(" | ") and decl.name in drawn_params:
+            drawn_params[decl.name] = draw(st.sampled_from([params[decl.name], None]))
+    if _is_valid(entry, shapes, drawn_params, drawn_dtype):
+        params, dtype = drawn_params, drawn_dtype
+    first = shapes[entry.inputs[0].name]
+    if first:
+        lead = draw(st.sampled_from([first[0], 0, 1]))
+        resized = {
+            k: None if v is None else ((lead, *v[1:]) if v and v[0] == first[0] else v)
+            for k, v in shapes.items()
         }
-        return Call(ctor, [t((b, s, h * g, dim), d), t((b, s, h, dim), d), t((b, s, h, dim), d)])
-    if op == "GroupedQueryAttentionDecodeWithKVCacheFwdOp":
-        b, h, g, cap = (
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 2)),
-            draw(st.integers(1, 4)),
-        )
-        used = draw(st.integers(1, cap))
-        d, dim = draw(halves), 2 * n
-        ctor = {"batch": b, "heads": h * g, "heads_kv": h, "seqlen_kv": cap, "dim": dim}
-        return Call(ctor, [t((b, h * g, dim), d), t((b, used, h, dim), d), t((b, used, h, dim), d)])
-    raise AssertionError(f"no seed for {op}: add one when an op is added")
+        if _is_valid(entry, resized, params, dtype):
+            shapes = resized
+    chosen = dataclasses.replace(case, shapes=shapes, params=params, dtype=dtype)
+    args = [
+        ("none",) if shapes.get(decl.name) is None else t(shapes[decl.name], dt)
+        for decl, dt in zip(entry.inputs, entry.case_dtypes(dtype))
+    ]
+    return Call(harness.constructor_args(chosen), args)
 
 
 # ---- mutations -----------------------------------------------------------------------------

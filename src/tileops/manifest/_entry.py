@@ -301,10 +301,11 @@ class OpEntry:
 
         ``"full"``: as written. ``"cpu"``: big dims halved until every input and output has
         at most 2**21 elements, each step re-checked against the manifest's own rules;
-        cases that shrink to the same thing appear once.
+        ``"tiny"``: the same down to a few hundred elements (for tests that make thousands
+        of calls). Cases that shrink to the same thing appear once.
         """
-        if scale not in ("cpu", "full"):
-            raise ValueError(f"scale must be 'cpu' or 'full', got {scale!r}")
+        if scale not in ("cpu", "tiny", "full"):
+            raise ValueError(f"scale must be 'cpu', 'tiny' or 'full', got {scale!r}")
         cases = self._cases.get(scale)
         if cases is None:
             cases = self._build_cases(scale)
@@ -312,15 +313,17 @@ class OpEntry:
         return [(n, dict(s), dict(p), d) for n, s, p, d in cases]
 
     def _build_cases(self, scale: str) -> list[WorkloadCase]:
-        from ._scale import scale_case  # local: only tests and benchmarks need it
+        from ._scale import TINY_BUDGET, TINY_FLOOR, scale_case  # only tests and benchmarks
+
+        limits = {"tiny": {"budget": TINY_BUDGET, "floor": TINY_FLOOR}}.get(scale, {})
 
         cases: list[WorkloadCase] = []
         seen = set()
         for wl in self._parsed_workloads:
             for dtype in wl.dtypes:
                 shapes, params = wl.shapes, wl.params
-                if scale == "cpu":
-                    shapes, params = scale_case(self, shapes, params, dtype)
+                if scale != "full":
+                    shapes, params = scale_case(self, shapes, params, dtype, **limits)
                     key = (tuple(shapes.items()), tuple(params.items()), dtype)
                     if key in seen:
                         continue

@@ -35,6 +35,8 @@ class OpEntry(Protocol):
 
 BUDGET = 1 << 21  # elements per tensor (inputs and outputs)
 _FLOOR = 16  # never halve a dim below this: keeps tiles, K % 16 and head groups sensible
+# "tiny": a few hundred elements, for tests that run thousands of calls (hostile inputs).
+TINY_BUDGET, TINY_FLOOR = 512, 2
 
 
 def _map_param(value: Any, sizes: dict[int, int]) -> Any:
@@ -59,9 +61,15 @@ def _valid(
 
 
 def scale_case(
-    entry: OpEntry, shapes: dict[str, Shape | None], params: dict[str, Any], dtype: torch.dtype
+    entry: OpEntry,
+    shapes: dict[str, Shape | None],
+    params: dict[str, Any],
+    dtype: torch.dtype,
+    *,
+    budget: int = BUDGET,
+    floor: int = _FLOOR,
 ) -> tuple[dict[str, Shape | None], dict[str, Any]]:
-    classes = sorted({d for s in shapes.values() if s for d in s if d >= 2 * _FLOOR})
+    classes = sorted({d for s in shapes.values() if s for d in s if d >= 2 * floor})
     sizes = {v: v for v in classes}
     frozen: set[int] = set()
     innermost = {s[-1] for s in shapes.values() if s}
@@ -77,9 +85,9 @@ def scale_case(
 
     cur_shapes, cur_params = mapped()
     while True:
-        big_inputs = [k for k, s in cur_shapes.items() if s is not None and math.prod(s) > BUDGET]
+        big_inputs = [k for k, s in cur_shapes.items() if s is not None and math.prod(s) > budget]
         big_output = any(
-            math.prod(shape) > BUDGET
+            math.prod(shape) > budget
             for _, shape in entry.output_meta(entry.case_specs(cur_shapes, dtype), cur_params)
         )
         if not big_inputs and not big_output:
@@ -90,7 +98,7 @@ def scale_case(
         candidates = [
             v
             for v in classes
-            if v in pool and v not in frozen and sizes[v] % 2 == 0 and sizes[v] // 2 >= _FLOOR
+            if v in pool and v not in frozen and sizes[v] % 2 == 0 and sizes[v] // 2 >= floor
         ]
         if not candidates:
             return cur_shapes, cur_params  # best effort; the caller's tests check the budget

@@ -4,8 +4,13 @@
 for an absent optional input) and the params as ``OpEntry.call_params`` gives them, and
 returns what the op returns: one tensor, or a tuple in ``signature.outputs`` order.
 Low-precision floats are computed in float32 and cast back to the input's dtype, so the
-reference is at least as accurate as any kernel it judges. Where the manifest names a
-``ref_api`` the reference calls that function; otherwise the math is written out here.
+reference is at least as accurate as any kernel it judges.
+
+Where the manifest names a ``ref_api``, the reference calls that function: as
+``api(*inputs, **params)`` unless its calling convention differs from the manifest's
+(``_ADAPTERS``, keyed by the API). An op with ``ref_api: none`` has its math written out
+here once (``_WRITTEN_OUT``, keyed by op name). A new op whose torch function takes the
+manifest's inputs and params as they are needs nothing here.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def _rms_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _fused_add_rms_norm(_: None) -> Callable[..., RefResult]:
+def _fused_add_rms_norm() -> Callable[..., RefResult]:
     def ref(x: Tensor, residual: Tensor, weight: Tensor, *, eps: float) -> tuple[Tensor, Tensor]:
         # r stays float32 for the normalisation; residual_out is r rounded once.
         r = _up(x) + _up(residual)  # type: ignore[operator]
@@ -126,46 +131,11 @@ def _group_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _softmax_like(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(x: Tensor, *, dim: int) -> Tensor:
-        return _down(fn(_up(x), dim=dim), x)
-
-    return ref
-
-
-def _reduce(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(x: Tensor, *, dim: tuple[int, ...], keepdim: bool) -> Tensor:
-        return _down(fn(_up(x), dim=dim, keepdim=keepdim), x)
-
-    return ref
-
-
 def _gemm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     def ref(a: Tensor, b: Tensor, *, trans_a: bool, trans_b: bool) -> Tensor:
         lhs, rhs = _up(a), _up(b)
         assert lhs is not None and rhs is not None
         return _down(fn(lhs.T if trans_a else lhs, rhs.T if trans_b else rhs), a)
-
-    return ref
-
-
-def _bmm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(a: Tensor, b: Tensor) -> Tensor:
-        return _down(fn(_up(a), _up(b)), a)
-
-    return ref
-
-
-def _add(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(input: Tensor, other: Tensor, *, alpha: float) -> Tensor:  # an int stays an int
-        return _down(fn(_up(input), _up(other), alpha=alpha), input)
-
-    return ref
-
-
-def _mul(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(input: Tensor, other: Tensor) -> Tensor:
-        return _down(fn(_up(input), _up(other)), input)
 
     return ref
 
@@ -181,22 +151,7 @@ def _inplace_activation(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _gelu(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(input: Tensor, *, approximate: str) -> Tensor:
-        return _down(fn(_up(input), approximate=approximate), input)
-
-    return ref
-
-
-def _clamp(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(input: Tensor, min: Tensor | None, max: Tensor | None) -> Tensor:
-        # Clamping only selects values, so it is exact in any dtype.
-        return fn(input, min=min, max=max)
-
-    return ref
-
-
-def _silu_and_mul(_: None) -> Callable[..., RefResult]:
+def _silu_and_mul() -> Callable[..., RefResult]:
     def ref(x: Tensor) -> Tensor:
         gate, value = _up(x).chunk(2, dim=-1)  # type: ignore[union-attr]
         return _down(F.silu(gate) * value, x)
@@ -204,7 +159,7 @@ def _silu_and_mul(_: None) -> Callable[..., RefResult]:
     return ref
 
 
-def _rope_neox(_: None) -> Callable[..., RefResult]:
+def _rope_neox() -> Callable[..., RefResult]:
     def ref(x: Tensor, *, layout: str, base: float) -> Tensor:
         seq_len = x.shape[1] if layout == "2d" else x.shape[0]
         positions = torch.arange(seq_len, device=x.device)
@@ -216,7 +171,7 @@ def _rope_neox(_: None) -> Callable[..., RefResult]:
     return ref
 
 
-def _rope_neox_position_ids(_: None) -> Callable[..., RefResult]:
+def _rope_neox_position_ids() -> Callable[..., RefResult]:
     def ref(
         x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int
     ) -> Tensor:
@@ -273,7 +228,7 @@ def _gqa_fwd(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _gqa_decode(_: None) -> Callable[..., RefResult]:
+def _gqa_decode() -> Callable[..., RefResult]:
     def ref(
         q: Tensor,
         k: Tensor,
@@ -298,36 +253,48 @@ def _gqa_decode(_: None) -> Callable[..., RefResult]:
     return ref
 
 
-_FACTORIES: dict[str, Callable[[Any], Callable[..., RefResult]]] = {
-    "RMSNormFwdOp": _rms_norm,
+def _api_call(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
+    """The default: inputs positionally, the manifest params by name, in float32."""
+
+    def ref(*inputs: Tensor | None, **params: Any) -> Tensor:
+        return _down(fn(*(_up(t) for t in inputs), **params), inputs[0])  # type: ignore[arg-type]
+
+    return ref
+
+
+# ref_api -> how to call it, where the manifest's inputs and params are not its own.
+_ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]] = {
+    "torch.nn.functional.rms_norm": _rms_norm,
+    "torch.nn.functional.layer_norm": _layer_norm,
+    "torch.nn.functional.group_norm": _group_norm,
+    "torch.matmul": _gemm,
+    "torch.nn.functional.silu": _inplace_activation,
+    "torch.nn.functional.relu": _inplace_activation,
+    "torch.nn.functional.scaled_dot_product_attention": _gqa_fwd,
+}
+
+# op -> its math, for the entries whose ref_api is none.
+_WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
-    "LayerNormFwdOp": _layer_norm,
-    "GroupNormFwdOp": _group_norm,
-    "SoftmaxFwdOp": _softmax_like,
-    "LogSoftmaxFwdOp": _softmax_like,
-    "SumFwdOp": _reduce,
-    "MeanFwdOp": _reduce,
-    "AmaxFwdOp": _reduce,
-    "GemmFwdOp": _gemm,
-    "BmmFwdOp": _bmm,
-    "AddFwdOp": _add,
-    "MulFwdOp": _mul,
-    "SiluFwdOp": _inplace_activation,
-    "GeluFwdOp": _gelu,
-    "ReluFwdOp": _inplace_activation,
-    "ClampFwdOp": _clamp,
     "SiluAndMulFwdOp": _silu_and_mul,
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
-    "GroupedQueryAttentionFwdOp": _gqa_fwd,
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 
 
 def reference(op_name: str) -> Callable[..., RefResult]:
-    """The reference for ``op_name``; its ``ref_api`` comes from the op's manifest entry."""
-    factory = _FACTORIES.get(op_name)
-    if factory is None:
-        raise LookupError(f"no reference for {op_name!r}; known: {sorted(_FACTORIES)}")
-    ref_api = manifest.entry(op_name).ref_api
-    return factory(None if ref_api is None else _api(ref_api))
+    """The reference for ``op_name``, from its manifest entry's ``ref_api``."""
+    try:
+        ref_api = manifest.entry(op_name).ref_api
+    except LookupError:
+        raise LookupError(f"no reference for {op_name!r}: no manifest declares it") from None
+    if ref_api is None:
+        written = _WRITTEN_OUT.get(op_name)
+        if written is None:
+            raise LookupError(
+                f"no reference for {op_name!r}: its manifest says ref_api: none and "
+                f"tileops.testing.references writes out only {sorted(_WRITTEN_OUT)}"
+            )
+        return written()
+    return _ADAPTERS.get(ref_api, _api_call)(_api(ref_api))
