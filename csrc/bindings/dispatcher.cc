@@ -319,8 +319,7 @@ class Dispatcher {
     PyErr_Fetch(&type, &value, &traceback);
     PyErr_NormalizeException(&type, &value, &traceback);
     if (value != nullptr && PyObject_HasAttr(value, g_torch.add_note_name)) {
-      std::string note = "raised by the kernel that target " + engine::py_repr(target_label_) +
-                         " built for " + op_;
+      std::string note = engine::messages::kernel_raised(target_label_, op_);
       PyObject* text = PyUnicode_FromString(note.c_str());
       PyObject* done = PyObject_CallMethodOneArg(value, g_torch.add_note_name, text);
       Py_XDECREF(text);

@@ -154,6 +154,7 @@ void bind_registry(nb::module_& m) {
   messages.def("no_in_tree_kernel", &msg::no_in_tree_kernel);
   messages.def("not_callable", &msg::not_callable);
   messages.def("wrong_device", &msg::wrong_device);
+  messages.def("builder_raised", &msg::builder_raised);
   messages.def("in_tree_wrong_device", &msg::in_tree_wrong_device);
   messages.def("in_tree_not_built", &msg::in_tree_not_built);
   messages.def("wrong_result_count", &msg::wrong_result_count);

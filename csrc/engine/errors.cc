@@ -107,6 +107,14 @@ std::string recursive_build(const std::string& op) {
          "builder must not wait on its own result";
 }
 
+std::string builder_raised(const std::string& target, const std::string& op) {
+  return "raised by the kernel builder of target " + py_repr(target) + " for " + op;
+}
+
+std::string kernel_raised(const std::string& target, const std::string& op) {
+  return "raised by the kernel that target " + py_repr(target) + " built for " + op;
+}
+
 std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements,
                                  bool served_elsewhere) {
   std::string text = kernel + " is a CUDA kernel; got " + placements + ".";

@@ -52,6 +52,9 @@ std::string not_callable(const std::string& target, const std::string& op, const
                          const std::string& returned);
 std::string wrong_device(const std::string& op, const std::string& target, const std::string& device);
 std::string recursive_build(const std::string& op);
+// Notes added to a builder's or a kernel's own exception, naming who raised it.
+std::string builder_raised(const std::string& target, const std::string& op);
+std::string kernel_raised(const std::string& target, const std::string& op);
 // G1: an in-tree (CUDA) kernel asked to serve another device; `placements` reads
 // "x on cpu and weight on cpu".
 std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements,

@@ -354,10 +354,7 @@ class Op:
         try:
             kernel = builder(*specs, **params)
         except Exception as error:
-            _note(
-                error,
-                f"raised by the kernel builder of target {target!r} for {type(self).__name__}",
-            )
+            _note(error, _C.messages.builder_raised(target, type(self).__name__))
             raise
         if not callable(kernel):
             raise OpNotAvailableError(
