@@ -1,16 +1,27 @@
-"""Shared test isolation: every test starts and ends with an empty backend registry.
+"""Shared test isolation: every test starts and ends with an empty backend registry, and
+discovery sees only the backends the test itself installed.
 
 ``_reset_for_tests()`` forgets every registration (the default target included), clears
 ``load_failures()``, drops the modules of backends discovery imported and lets discovery
-run again; the kernel memo bound goes back to its documented default.
+run again; the kernel memo bound goes back to its documented default. Whatever the
+environment has installed under ``tileops.backends`` is hidden; a test installs fake
+backends with ``site`` (discovered by this process) or ``fresh_site`` (for fresh
+interpreters, see ``_fake_backends.run_fresh``).
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
+from _fake_backends import Site
 
 import tileops
 from tileops.backend import discovery
+
+_sites: list[Site] = []  # the sites of the running test that this process may discover
 
 
 def _reset() -> None:
@@ -23,3 +34,38 @@ def _fresh_backend_registry():
     _reset()
     yield
     _reset()
+
+
+@pytest.fixture(autouse=True)
+def _only_backends_the_test_installed(monkeypatch):
+    """Discovery lists only entry points of distributions installed with ``site``."""
+    every_entry_point = discovery._entry_points
+    monkeypatch.setattr(
+        discovery,
+        "_entry_points",
+        lambda: [ep for ep in every_entry_point() if any(s.owns(ep) for s in _sites)],
+    )
+    yield
+    _sites.clear()
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A site folder on ``sys.path`` whose backends this process discovers. Discovery has
+    not run when the test body starts: the test's first registry read (or op) runs it."""
+    made = Site(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(made.root))
+    _sites.append(made)
+    yield made
+    root = made.root.resolve()
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().is_relative_to(root):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def fresh_site(tmp_path):
+    """A site folder for fresh interpreters only (not on this process's ``sys.path``)."""
+    return Site(tmp_path / "fresh_site")

@@ -1,6 +1,7 @@
-"""Discovery through the entry-point group ``tileops.backends`` (B1-B6, B9), in this
-process: each test installs real distributions in a site directory on ``sys.path`` and
-starts from an undiscovered, empty registry (tests/conftest.py)."""
+"""Discovery through the entry-point group ``tileops.backends`` (B1-B3), in this process:
+each test installs real distributions in a site directory on ``sys.path`` and starts from
+an undiscovered, empty registry (tests/conftest.py). Backends that fail to load (B4-B7,
+B9) are tested in tests/reliability/test_broken_backends.py."""
 
 from __future__ import annotations
 
@@ -10,29 +11,20 @@ import threading
 import warnings
 
 import pytest
+from _fake_backends import rms_inputs, rms_op
 
 from tileops.backend import (
-    BUILTIN,
-    AmbiguousTargetError,
-    BackendError,
-    OpNotAvailableError,
     UnknownTargetError,
     default_target,
     discovery,
     load_failures,
-    register_detector,
-    register_kernel_builder,
     registered_targets,
     set_default_target,
 )
 
-from ._support import cpu_in_tree, rms_inputs, rms_op
-
 CLAIMS_CPU = """
 register_detector({target!r}, lambda device: device.type == "cpu")
 """
-
-NOTE = " (1 backend(s) failed to load; see tileops.backend.load_failures())"
 
 
 def good(target: str) -> str:
@@ -229,280 +221,14 @@ def test_load_failures_and_warnings_follow_the_same_fixed_order(site):
     assert all(line in message for line, message in zip(expected, messages))
 
 
-# ---- B4 ------------------------------------------------------------------------------
-
-
-def test_a_backend_whose_import_raises_is_skipped_and_the_others_load(site):
-    site.backend("broken", "raise ValueError('kaput')")
-    site.backend("acme", good("acme"))
-    discover()
-    assert registered_targets() == ["acme"]
-    op = rms_op(target="acme")
-    op(*rms_inputs())
-    assert op.settled_target == "acme"
-
-
-def test_tileops_keeps_working_when_its_only_backend_fails_to_load(site):
-    site.backend("broken", "raise ValueError('kaput')")
-    with pytest.warns(RuntimeWarning):
-        op = rms_op(kernel_map=cpu_in_tree())
-    op(*rms_inputs())
-    assert op.settled_target is BUILTIN and registered_targets() == []
-
-
-def test_each_failed_backend_gives_exactly_one_runtime_warning_pointing_to_load_failures(site):
-    site.backend("broken_one", "raise ValueError('kaput')")
-    site.backend("broken_two", "import not_installed_anywhere")
-    site.backend("acme", good("acme"))
-    caught = discover()
-    assert [w.category for w in caught] == [RuntimeWarning, RuntimeWarning]
-    for warning, name in zip(caught, ["broken_one", "broken_two"]):
-        text = str(warning.message)
-        assert "failed to load" in text and "load_failures()" in text and name in text
-
-
-def test_a_failed_backend_warns_only_once_however_often_the_registry_is_read(site):
-    site.backend("broken", "raise ValueError('kaput')")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(3):
-            registered_targets()
-            load_failures()
-            rms_op()
-    assert len([w for w in caught if w.category is RuntimeWarning]) == 1
-
-
-def test_load_failures_has_one_line_per_failure_in_the_documented_format(site):
-    site.install("d1", {"broken": "broken_mod"}, {"broken_mod": "raise ValueError('kaput')"})
-    site.install(
-        "d2",
-        {"needs_dep": "needs_dep_mod:thing"},
-        {"needs_dep_mod": "import not_installed_anywhere"},
-    )
-    site.install("d3", {"ghost": "no_such_module"}, {})
-    site.backend("acme", good("acme"))
-    discover()
-    assert load_failures() == [
-        "broken (broken_mod): ValueError: kaput",
-        "ghost (no_such_module): ModuleNotFoundError: No module named 'no_such_module'",
-        "needs_dep (needs_dep_mod:thing): ModuleNotFoundError: "
-        "No module named 'not_installed_anywhere'",
-    ]
+# ---- B4, B9 when nothing failed ------------------------------------------------------
+# Backends that fail to load (B4-B7, B9) are tested in tests/reliability/test_broken_backends.py.
 
 
 def test_load_failures_is_empty_when_every_backend_loaded(site):
     site.backend("acme", good("acme"))
     caught = discover()
     assert load_failures() == [] and caught == []
-
-
-# ---- B5 ------------------------------------------------------------------------------
-
-
-def test_a_backend_that_fails_midway_registers_nothing(site):
-    site.backend(
-        "half",
-        """
-        register_detector("half", lambda device: device.type == "cpu")
-        register_kernel_builder("RMSNormFwdOp", "half", lambda *specs, **params: None)
-        register_kernel_builder("SoftmaxFwdOp", "half", lambda *specs, **params: None)
-        set_default_target("half")
-        raise RuntimeError("midway")
-        """,
-    )
-    discover()
-    assert registered_targets() == []
-    assert registered_targets("RMSNormFwdOp") == []
-    assert registered_targets("SoftmaxFwdOp") == []
-    assert default_target() is None
-    assert load_failures() == ["half (half): RuntimeError: midway"]
-
-
-def test_a_rolled_back_backend_restores_the_default_an_earlier_backend_set(site):
-    site.backend("a_first", good("first") + "\nset_default_target('first')\n")
-    site.backend(
-        "b_half",
-        """
-        register_detector("half", lambda device: False)
-        set_default_target("half")
-        raise RuntimeError("midway")
-        """,
-    )
-    discover()
-    assert default_target() == "first"
-    assert registered_targets() == ["first"]
-
-
-def test_a_rolled_back_backend_leaves_its_target_free_for_a_later_backend(site):
-    site.backend(
-        "a_half",
-        """
-        register_detector("shared", lambda device: False)
-        register_kernel_builder("RMSNormFwdOp", "shared", lambda *specs, **params: None)
-        raise RuntimeError("midway")
-        """,
-    )
-    site.backend("b_full", good("shared"))
-    discover()
-    assert load_failures() == ["a_half (a_half): RuntimeError: midway"]
-    assert registered_targets("RMSNormFwdOp") == ["shared"]
-
-
-def test_a_second_package_claiming_a_target_fails_as_a_misinstall_and_leaves_the_first_intact(site):
-    site.backend("a_one", good("acme"))
-    site.backend(
-        "b_two",
-        """
-        register_kernel_builder("SoftmaxFwdOp", "acme", lambda *specs, **params: None)
-        register_kernel_builder("RMSNormFwdOp", "acme", lambda *specs, **params: None)
-        """,
-    )
-    discover()
-    (line,) = load_failures()
-    assert line.startswith("b_two (b_two): BackendError: ") and "misinstall" in line
-    assert registered_targets("SoftmaxFwdOp") == []
-    assert registered_targets("RMSNormFwdOp") == ["acme"]
-
-
-# ---- B6 ------------------------------------------------------------------------------
-
-INTERRUPTED_ONCE = """
-import pathlib
-
-register_detector("flaky", lambda device: False)
-register_kernel_builder("RMSNormFwdOp", "flaky", lambda *specs, **params: None)
-marker = pathlib.Path({marker!r})
-if not marker.exists():
-    marker.write_text("interrupted once")
-    raise {error}
-log("flaky completed")
-"""
-
-TRIGGERS = {"registry read": lambda: registered_targets(), "op construction": lambda: rms_op()}
-
-
-@pytest.mark.parametrize("trigger", sorted(TRIGGERS))
-@pytest.mark.parametrize("error", ["KeyboardInterrupt", "SystemExit"])
-def test_an_interrupt_during_discovery_reaches_the_caller(site, tmp_path, error, trigger):
-    site.backend("b_flaky", INTERRUPTED_ONCE.format(marker=str(tmp_path / "marker"), error=error))
-    with pytest.raises({"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[error]):
-        TRIGGERS[trigger]()
-
-
-@pytest.mark.parametrize("error", ["KeyboardInterrupt", "SystemExit"])
-def test_an_interrupted_discovery_is_rolled_back_and_retried_by_the_next_read(
-    site, tmp_path, error
-):
-    site.backend("a_before", good("before"))
-    site.backend("b_flaky", INTERRUPTED_ONCE.format(marker=str(tmp_path / "marker"), error=error))
-    site.backend("c_after", good("after"))
-    with pytest.raises(BaseException) as interrupted:
-        registered_targets()
-    assert type(interrupted.value).__name__ == error
-    # The retry imports b_flaky again: had its first registrations survived, the second
-    # would be refused as duplicates and show up in load_failures().
-    assert registered_targets() == ["after", "before", "flaky"]
-    assert load_failures() == []
-    assert site.imports_of("b_flaky") == 2
-    assert "flaky completed" in site.events()
-    assert site.imports_of("a_before") == 1 and site.imports_of("c_after") == 1
-
-
-def test_an_interrupt_is_not_recorded_as_a_load_failure(site, tmp_path):
-    site.backend(
-        "b_flaky", INTERRUPTED_ONCE.format(marker=str(tmp_path / "m"), error="KeyboardInterrupt")
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with pytest.raises(KeyboardInterrupt):
-            registered_targets()
-        assert load_failures() == []
-    assert caught == []
-
-
-# ---- B9 ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def one_failed(site):
-    """A broken backend and a working ``torch_cpu`` (claims the CPU, builds RMSNorm)."""
-    site.backend("broken", "raise ValueError('kaput')")
-    site.backend(
-        "torch_cpu",
-        """
-        import torch
-
-        register_detector("torch_cpu", lambda device: device.type == "cpu")
-        register_kernel_builder(
-            "RMSNormFwdOp", "torch_cpu",
-            lambda x, weight, *, normalized_shape, eps:
-                lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps),
-        )
-        """,
-    )
-    with pytest.warns(RuntimeWarning):
-        registered_targets()
-    assert len(load_failures()) == 1
-
-
-def test_with_a_failed_backend_an_unknown_target_error_ends_with_the_failure_note(one_failed):
-    with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")(*rms_inputs())
-    assert str(raised.value) == (
-        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
-    )
-
-
-def test_with_a_failed_backend_an_unknown_default_target_ends_with_the_failure_note(one_failed):
-    with pytest.raises(UnknownTargetError) as raised:
-        set_default_target("nope")
-    assert str(raised.value) == (
-        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
-    )
-
-
-def test_with_a_failed_backend_an_ambiguity_error_ends_with_the_failure_note(one_failed):
-    register_detector("also_cpu", lambda device: device.type == "cpu")
-    with pytest.raises(AmbiguousTargetError) as raised:
-        rms_op()(*rms_inputs())
-    assert str(raised.value).endswith(NOTE)
-    assert str(raised.value).count("failed to load") == 1
-
-
-def test_with_a_failed_backend_a_detector_error_ends_with_the_failure_note(one_failed):
-    def detect(device):
-        raise RuntimeError("confused")
-
-    register_detector("raiser", detect)
-    with pytest.raises(BackendError) as raised:
-        rms_op()(*rms_inputs())
-    assert "raiser" in str(raised.value)
-    assert str(raised.value).endswith(NOTE)
-
-
-def test_the_failure_note_counts_every_failed_backend(site):
-    site.backend("broken_one", "raise ValueError('kaput')")
-    site.backend("broken_two", "raise ValueError('kaput')")
-    discover()
-    with pytest.raises(UnknownTargetError) as raised:
-        rms_op(target="nope")(*rms_inputs())
-    assert str(raised.value) == (
-        "no backend registered target 'nope'; known targets: []"
-        " (2 backend(s) failed to load; see tileops.backend.load_failures())"
-    )
-
-
-def test_an_op_not_available_error_never_carries_the_failure_note(one_failed):
-    from tileops.ops import SoftmaxFwdOp
-
-    with pytest.raises(OpNotAvailableError) as no_builder:
-        SoftmaxFwdOp(dim=-1)(rms_inputs()[0])
-    register_kernel_builder("SoftmaxFwdOp", "torch_cpu", lambda *specs, **params: 42)
-    with pytest.raises(OpNotAvailableError) as not_callable:
-        SoftmaxFwdOp(dim=-1)(rms_inputs()[0])
-    for raised in (no_builder, not_callable):
-        assert "failed to load" not in str(raised.value)
-        assert "load_failures" not in str(raised.value)
 
 
 def test_without_failed_backends_no_error_carries_the_failure_note(site):

@@ -1,4 +1,5 @@
-"""Discovery in fresh interpreters, where it is truly the first time (B1, B2, B7, B8).
+"""Discovery in fresh interpreters, where it is truly the first time (B1, B2, B8).
+B7 (``-W error`` and a backend that fails) is in tests/reliability/test_broken_backends.py.
 
 Each fresh interpreter costs an ``import torch``; each one checks a whole story and the
 tests below read its parts from one module-scoped run.
@@ -9,8 +10,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
-from ._support import Site, run_fresh
+from _fake_backends import Site, run_fresh
 
 pytestmark = pytest.mark.subprocess
 
@@ -89,48 +89,6 @@ def test_the_first_op_construction_discovers_the_installed_backends(first_op):
 
 def test_discovery_imports_each_backend_once_per_process(first_op):
     assert first_op["after_everything"] == 1
-
-
-# ---- B7: -W error --------------------------------------------------------------------
-
-_W_ERROR = """
-import warnings
-import tileops
-
-try:
-    first = tileops.registered_targets()
-    first_raised = None
-except RuntimeWarning as warning:
-    first, first_raised = None, str(warning)
-
-report(
-    warnings_are_errors=any(f[0] == "error" for f in warnings.filters),
-    first_raised=first_raised,
-    targets=tileops.registered_targets(),
-    failures=tileops.load_failures(),
-)
-"""
-
-
-@pytest.fixture(scope="module")
-def w_error(tmp_path_factory):
-    site = Site(tmp_path_factory.mktemp("b7") / "site")
-    site.backend("a_broken", "raise ValueError('kaput')")
-    site.backend("b_good", 'register_detector("good", lambda device: False)')
-    result = run_fresh(_W_ERROR, site=site, flags=("-W", "error"))
-    result["site"] = site
-    return result
-
-
-def test_under_w_error_a_failing_first_backend_does_not_leave_a_later_one_unloaded(w_error):
-    assert w_error["warnings_are_errors"] is True
-    assert w_error["targets"] == ["good"]
-    assert w_error["site"].imports_of("b_good") == 1
-
-
-def test_under_w_error_the_failure_is_still_recorded_and_warned_about(w_error):
-    assert w_error["failures"] == ["a_broken (a_broken): ValueError: kaput"]
-    assert w_error["first_raised"] is not None and "load_failures()" in w_error["first_raised"]
 
 
 # ---- B8: a backend reading the registry while it is imported ------------------------

@@ -4,8 +4,7 @@ backend installed, so that there is one to (not) import."""
 from __future__ import annotations
 
 import pytest
-
-from ._support import Site, run_fresh
+from _fake_backends import Site, run_fresh
 
 # Everything a GPU query at import would go through, wrapped before tileops is imported.
 _IMPORT_PROBE = """

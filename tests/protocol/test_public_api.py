@@ -10,6 +10,7 @@ import weakref
 
 import pytest
 import torch
+from _fake_backends import F16, N, rms_builder, rms_inputs, rms_op
 
 import tileops
 import tileops.backend as backend
@@ -26,8 +27,6 @@ from tileops.backend import (
     registered_targets,
     set_default_target,
 )
-
-from ._support import F16, N, rms_builder, rms_inputs, rms_op
 
 PROTOCOL_NAMES = {
     "TensorSpec",

@@ -1,6 +1,10 @@
-"""Broken backends: each is a tiny package installed for real (a module plus a dist-info
-folder declaring an entry point in ``tileops.backends``). Where the first discovery of a
-process is what is tested, the scenario runs in a fresh interpreter.
+"""Broken backends (B4-B7, B9, C3, and builders and kernels that fail: C4, C8, D6), each
+behaviour tested once, here. Healthy discovery is in tests/protocol/test_discovery*.py.
+
+A broken backend is a tiny package installed for real (a module plus a dist-info folder
+declaring an entry point in ``tileops.backends``, see tests/_fake_backends.py); where the
+first discovery of a process under ``-W error`` is what is tested, the scenario runs in a
+fresh interpreter.
 
 Whatever breaks, tileops keeps working, the failure is visible (``load_failures()`` or the
 error's text and notes), and nothing half-done stays behind.
@@ -8,21 +12,28 @@ error's text and notes), and nothing half-done stays behind.
 
 from __future__ import annotations
 
+import textwrap
 import warnings
 
 import pytest
 import torch
+from _fake_backends import cpu_in_tree, rms_builder, rms_inputs, rms_op, run_fresh
 
 from tileops.backend import (
+    BUILTIN,
+    AmbiguousTargetError,
     BackendError,
     OpNotAvailableError,
+    UnknownTargetError,
     default_target,
     load_failures,
+    register_detector,
+    register_kernel_builder,
     registered_targets,
+    set_default_target,
 )
+from tileops.backend.registry import _registry
 from tileops.ops import LogSoftmaxFwdOp, SoftmaxFwdOp
-
-from ._backends import explain, run_fresh
 
 HEALTHY = """
     import torch
@@ -37,6 +48,20 @@ HEALTHY = """
 """
 
 
+def good(target: str) -> str:
+    """A backend body registering ``target`` (claims nothing) with an RMSNorm builder."""
+    return textwrap.dedent(f"""
+    import torch
+
+    register_detector({target!r}, lambda device: False)
+
+    def build_rms_norm(x, weight, *, normalized_shape, eps):
+        return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)
+
+    register_kernel_builder("RMSNormFwdOp", {target!r}, build_rms_norm)
+    """)
+
+
 def x() -> torch.Tensor:
     return torch.randn(3, 5)
 
@@ -45,187 +70,146 @@ def notes(error: BaseException) -> list[str]:
     return list(getattr(error, "__notes__", []))
 
 
-# ---- failing imports ---------------------------------------------------------------------
+def discover() -> list[warnings.WarningMessage]:
+    """Run discovery (through a registry read) and return the warnings it issued."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        registered_targets()
+    return list(caught)
 
 
-def test_a_backend_whose_import_fails_is_skipped_with_one_warning_and_one_load_failure(packages):
-    packages.add("broken", 'raise ImportError("libacme.so: cannot open shared object file")')
-    packages.add("healthy", HEALTHY.format(target="healthy"))
+# ---- B4: an import that fails --------------------------------------------------------
 
-    with pytest.warns(RuntimeWarning) as record:
-        targets = registered_targets()
 
-    assert targets == ["healthy"]
+def test_each_backend_whose_import_fails_is_skipped_with_one_warning_and_one_load_failure(site):
+    site.backend("broken", 'raise ImportError("libacme.so: cannot open shared object file")')
+    site.backend("healthy", HEALTHY.format(target="healthy"))
+    site.backend("missing_dep", "import not_installed_anywhere")
+
+    caught = discover()
+
+    assert registered_targets() == ["healthy"]
     assert load_failures() == [
-        "broken (broken): ImportError: libacme.so: cannot open shared object file"
+        "broken (broken): ImportError: libacme.so: cannot open shared object file",
+        "missing_dep (missing_dep): ModuleNotFoundError: No module named 'not_installed_anywhere'",
     ]
-    texts = [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
-    assert len(texts) == 1 and "broken" in texts[0] and "load_failures()" in texts[0]
-    # tileops keeps working, through the healthy backend; no second warning later on.
+    # One RuntimeWarning per failed backend, in load order, and no other warning.
+    assert [w.category for w in caught] == [RuntimeWarning, RuntimeWarning]
+    for warning, name in zip(caught, ["broken", "missing_dep"]):
+        text = str(warning.message)
+        assert "failed to load" in text and "load_failures()" in text and name in text
+    # tileops keeps working, through the healthy backend; no warning again, however often
+    # the registry is read or an op is made.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        op = SoftmaxFwdOp(dim=-1)
-        torch.testing.assert_close(op(x := torch.randn(3, 5)), torch.softmax(x, -1))
-    assert op.settled_target == "healthy"
+        for _ in range(3):
+            registered_targets()
+            load_failures()
+            op = SoftmaxFwdOp(dim=-1)
+            torch.testing.assert_close(op(t := x()), torch.softmax(t, -1))
+            assert op.settled_target == "healthy"
 
 
-def test_a_backend_failing_midway_through_registering_leaves_nothing_behind(packages):
-    packages.add(
+def test_tileops_keeps_working_when_its_only_backend_fails_to_load(site):
+    site.backend("broken", "raise ValueError('kaput')")
+    with pytest.warns(RuntimeWarning):
+        op = rms_op(kernel_map=cpu_in_tree())
+    op(*rms_inputs())
+    assert op.settled_target is BUILTIN and registered_targets() == []
+
+
+def test_load_failures_has_one_line_per_failure_in_the_documented_format(site):
+    site.install("d1", {"broken": "broken_mod"}, {"broken_mod": "raise ValueError('kaput')"})
+    site.install(
+        "d2",
+        {"needs_dep": "needs_dep_mod:thing"},
+        {"needs_dep_mod": "import not_installed_anywhere"},
+    )
+    site.install("d3", {"ghost": "no_such_module"}, {})
+    site.backend("acme", good("acme"))
+    discover()
+    assert load_failures() == [
+        "broken (broken_mod): ValueError: kaput",
+        "ghost (no_such_module): ModuleNotFoundError: No module named 'no_such_module'",
+        "needs_dep (needs_dep_mod:thing): ModuleNotFoundError: "
+        "No module named 'not_installed_anywhere'",
+    ]
+
+
+# ---- B5: all or nothing ----------------------------------------------------------------
+
+
+def test_a_backend_that_fails_midway_registers_nothing(site):
+    site.backend(
         "half_done",
         """
-        import torch
-        from tileops.backend import (
-            register_detector, register_kernel_builder, set_default_target,
-        )
         register_detector("half", lambda device: device.type == "cpu")
-        register_kernel_builder("SoftmaxFwdOp", "half", lambda x, *, dim: torch.softmax)
+        register_kernel_builder("RMSNormFwdOp", "half", lambda *specs, **params: None)
+        register_kernel_builder("SoftmaxFwdOp", "half", lambda *specs, **params: None)
         set_default_target("half")
         raise RuntimeError("cannot find the device firmware")
-    """,
-    )
-    # Sorted after it: registers the very same target name, which only works if the first
-    # backend's detector was really removed (a second detector for a target is an error).
-    packages.add(
-        "z_half_again",
-        """
-        from tileops.backend import register_detector
-        register_detector("half", lambda device: False)
-    """,
+        """,
     )
 
     with pytest.warns(RuntimeWarning, match="half_done"):
         targets = registered_targets()
 
-    assert targets == ["half"]
-    assert registered_targets("SoftmaxFwdOp") == [], "the builder was not rolled back"
+    assert targets == []
+    assert registered_targets("RMSNormFwdOp") == []
+    assert registered_targets("SoftmaxFwdOp") == [], "the builders were not rolled back"
     assert default_target() is None, "the default target was not rolled back"
     assert load_failures() == [
         "half_done (half_done): RuntimeError: cannot find the device firmware"
     ]
-    # No target claims the CPU now: the call goes to the in-tree kernels (CUDA only).
+    # No target claims the CPU now: the call goes to the in-tree kernels (CUDA only), and
+    # their error does not say another target serves the CPU.
     with pytest.raises(ValueError, match="SoftmaxKernel is a CUDA kernel; got x on cpu.$"):
         SoftmaxFwdOp(dim=-1)(x())
 
 
-_INTERRUPTED = """
-import tileops
-from tileops.backend import load_failures, registered_targets
-from tileops.backend.registry import _registry
-from tileops.ops import SoftmaxFwdOp
-
-try:
-    SoftmaxFwdOp(dim=-1)
-    interrupted = False
-except KeyboardInterrupt:
-    interrupted = True
-# Read the tables directly: a public read would start discovery again.
-after_interrupt = _registry.targets()
-default_after_interrupt = list(_registry.default_target())
-targets = registered_targets()   # discovery is retried here
-report(interrupted=interrupted, after_interrupt=after_interrupt,
-       default_after_interrupt=default_after_interrupt, targets=targets,
-       failures=load_failures(), default=list(_registry.default_target()))
-"""
-
-_INTERRUPT_ONCE = """
-    import pathlib
-    from tileops.backend import register_detector, set_default_target
-    register_detector("b", lambda device: False)
-    set_default_target("b")
-    marker = pathlib.Path(__file__).with_suffix(".interrupted")
-    if not marker.exists():
-        marker.write_text("once")
-        raise KeyboardInterrupt   # Ctrl-C while the backend is importing
-"""
-
-
-def _detector_only(target: str) -> str:
-    return f"""
-        from tileops.backend import register_detector
-        register_detector("{target}", lambda device: False)
-    """
-
-
-def test_a_keyboard_interrupt_during_an_import_reaches_the_caller_and_discovery_can_be_retried(
-    fresh_packages,
-):
-    fresh_packages.add("a_first", _detector_only("a"))
-    fresh_packages.add("b_interrupted", _INTERRUPT_ONCE)
-    fresh_packages.add("c_last", _detector_only("c"))
-
-    result = run_fresh(_INTERRUPTED, fresh_packages)
-
-    assert result["_rc"] == 0, explain(result)
-    assert result["interrupted"], "the KeyboardInterrupt did not reach the caller"
-    # The interrupted backend was rolled back, its default target included.
-    assert result["after_interrupt"] == ["a"]
-    assert result["default_after_interrupt"] == ["none", ""]
-    # The retry completes discovery: the interrupted backend loads, the last one too.
-    assert result["targets"] == ["a", "b", "c"]
-    assert result["failures"] == []
-    assert result["default"] == ["named", "b"]
-    assert fresh_packages.imports_of("a_first") == 1
-    assert fresh_packages.imports_of("b_interrupted") == 2
-    assert fresh_packages.imports_of("c_last") == 1
-
-
-def test_a_backend_that_failed_before_an_interrupted_import_is_listed_once_after_the_retry(
-    fresh_packages,
-):
-    fresh_packages.add("a_broken", 'raise ImportError("no driver")')
-    fresh_packages.add("b_interrupted", _INTERRUPT_ONCE)
-    fresh_packages.add("c_last", _detector_only("c"))
-
-    result = run_fresh(_INTERRUPTED, fresh_packages)
-
-    assert result["_rc"] == 0, explain(result)
-    assert result["interrupted"] and result["targets"] == ["b", "c"]
-    assert result["failures"] == ["a_broken (a_broken): ImportError: no driver"]
-
-
-def test_with_warnings_as_errors_a_failing_backend_does_not_leave_a_later_one_unloaded(
-    fresh_packages,
-):
-    fresh_packages.add("a_broken", 'raise ImportError("no driver")')
-    fresh_packages.add("b_broken", 'raise OSError("no device node")')
-    fresh_packages.add("c_healthy", HEALTHY.format(target="c"))
-
-    result = run_fresh(
+def test_a_rolled_back_backend_restores_the_default_an_earlier_backend_set(site):
+    site.backend("a_first", good("first") + "\nset_default_target('first')\n")
+    site.backend(
+        "b_half",
         """
-        from tileops.backend import load_failures, registered_targets
-        try:
-            registered_targets()
-            warning = None
-        except RuntimeWarning as error:      # -W error turned the first warning into this
-            warning = str(error)
-        report(warning=warning, targets=registered_targets(), failures=load_failures())
-    """,
-        fresh_packages,
-        flags=("-W", "error"),
+        register_detector("half", lambda device: False)
+        set_default_target("half")
+        raise RuntimeError("midway")
+        """,
     )
-
-    assert result["_rc"] == 0, explain(result)
-    assert result["warning"] is not None and "a_broken" in result["warning"]
-    assert result["targets"] == ["c"], "a backend after the failing ones was left unloaded"
-    assert result["failures"] == [
-        "a_broken (a_broken): ImportError: no driver",
-        "b_broken (b_broken): OSError: no device node",
-    ]
-    assert fresh_packages.imports_of("c_healthy") == 1
+    discover()
+    assert default_target() == "first"
+    assert registered_targets() == ["first"]
 
 
-def test_two_packages_claiming_one_op_and_target_make_the_second_a_misinstall_load_failure(
-    packages,
-):
-    packages.add("acme_a", HEALTHY.format(target="acme"))
-    packages.add(
+def test_a_rolled_back_backend_leaves_its_target_free_for_a_later_backend(site):
+    # The later backend registers the very same detector and builder: that only works if
+    # the first one's were really removed (a second one for a target is an error).
+    site.backend(
+        "a_half",
+        """
+        register_detector("shared", lambda device: False)
+        register_kernel_builder("RMSNormFwdOp", "shared", lambda *specs, **params: None)
+        raise RuntimeError("midway")
+        """,
+    )
+    site.backend("b_full", good("shared"))
+    discover()
+    assert load_failures() == ["a_half (a_half): RuntimeError: midway"]
+    assert registered_targets() == ["shared"]
+    assert registered_targets("RMSNormFwdOp") == ["shared"]
+
+
+def test_two_packages_claiming_one_op_and_target_make_the_second_a_misinstall_load_failure(site):
+    site.backend("acme_a", HEALTHY.format(target="acme"))
+    site.backend(
         "acme_b",
         """
         import torch
         from tileops.backend import register_kernel_builder
         register_kernel_builder("LogSoftmaxFwdOp", "acme", lambda x, *, dim: torch.log_softmax)
         register_kernel_builder("SoftmaxFwdOp", "acme", lambda x, *, dim: torch.softmax)
-    """,
+        """,
     )
 
     with pytest.warns(RuntimeWarning, match="acme_b"):
@@ -235,37 +219,248 @@ def test_two_packages_claiming_one_op_and_target_make_the_second_a_misinstall_lo
     assert line.startswith("acme_b (acme_b): BackendError: ")
     assert "misinstall" in line and "SoftmaxFwdOp" in line
     assert "acme_a.build_softmax" in line, "the error names the builder already registered"
-    # The second package is rolled back whole; the first one serves.
+    # The second package is rolled back whole; the first one is intact and serves.
     assert registered_targets("LogSoftmaxFwdOp") == []
+    assert registered_targets("SoftmaxFwdOp") == ["acme"]
     op = SoftmaxFwdOp(dim=-1)
     torch.testing.assert_close(op(t := x()), torch.softmax(t, -1))
     assert op.settled_target == "acme"
 
 
-# ---- failures at call time ---------------------------------------------------------------
+# ---- B6: an interrupt during discovery -------------------------------------------------
+
+INTERRUPTED_ONCE = """
+import pathlib
+
+register_detector("flaky", lambda device: False)
+register_kernel_builder("RMSNormFwdOp", "flaky", lambda *specs, **params: None)
+set_default_target("flaky")
+marker = pathlib.Path({marker!r})
+if not marker.exists():
+    marker.write_text("interrupted once")
+    raise {error}   # e.g. Ctrl-C while the backend is importing
+log("flaky completed")
+"""
+
+INTERRUPTS = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}
+TRIGGERS = {"registry read": lambda: registered_targets(), "op construction": lambda: rms_op()}
 
 
-@pytest.mark.parametrize(
-    ("body", "cause"),
-    [
-        ('raise RuntimeError("driver query failed")', RuntimeError),
-        ("return None", TypeError),  # a detector must answer True or False
-    ],
-    ids=["raises", "answers None"],
-)
-def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained_to_the_cause(
-    packages, body, cause
+@pytest.mark.parametrize("trigger", sorted(TRIGGERS))
+@pytest.mark.parametrize("error", sorted(INTERRUPTS))
+def test_an_interrupt_during_discovery_reaches_the_caller_rolls_back_and_leaves_it_retryable(
+    site, tmp_path, error, trigger
 ):
-    packages.add(
+    site.backend("a_before", good("before"))
+    site.backend("b_flaky", INTERRUPTED_ONCE.format(marker=str(tmp_path / "marker"), error=error))
+    site.backend("c_after", good("after"))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(INTERRUPTS[error]):
+            TRIGGERS[trigger]()
+        # Read the tables directly (a public read would start discovery again): b_flaky is
+        # rolled back, its default target included, and c_after was not reached.
+        assert _registry.targets() == ["before"]
+        assert tuple(_registry.default_target()) == ("none", "")
+        # The next read retries: b_flaky is imported again (had its first registrations
+        # survived, the second would be refused as duplicates and be a load failure).
+        assert registered_targets() == ["after", "before", "flaky"]
+        assert load_failures() == []
+    assert caught == [], "an interrupt is not a load failure: nothing warns"
+    assert default_target() == "flaky"
+    assert site.imports_of("b_flaky") == 2
+    assert "flaky completed" in site.events()
+    assert site.imports_of("a_before") == 1 and site.imports_of("c_after") == 1
+
+
+def test_a_backend_that_failed_before_an_interrupted_import_is_listed_once_after_the_retry(
+    site, tmp_path
+):
+    site.backend("a_broken", 'raise ImportError("no driver")')
+    site.backend(
+        "b_flaky",
+        INTERRUPTED_ONCE.format(marker=str(tmp_path / "marker"), error="KeyboardInterrupt"),
+    )
+    site.backend("c_after", good("after"))
+
+    with pytest.raises(KeyboardInterrupt):
+        SoftmaxFwdOp(dim=-1)
+    with pytest.warns(RuntimeWarning, match="a_broken"):
+        targets = registered_targets()  # discovery is retried here
+
+    assert targets == ["after", "flaky"]
+    assert load_failures() == ["a_broken (a_broken): ImportError: no driver"]
+
+
+# ---- B7: -W error --------------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_with_warnings_as_errors_a_failing_backend_does_not_leave_a_later_one_unloaded(
+    fresh_site,
+):
+    fresh_site.backend("a_broken", 'raise ImportError("no driver")')
+    fresh_site.backend("b_broken", 'raise OSError("no device node")')
+    fresh_site.backend("c_healthy", HEALTHY.format(target="c"))
+
+    result = run_fresh(
+        """
+        import warnings
+        from tileops.backend import load_failures, registered_targets
+        try:
+            registered_targets()
+            warning = None
+        except RuntimeWarning as error:      # -W error turned the first warning into this
+            warning = str(error)
+        report(
+            warnings_are_errors=any(f[0] == "error" for f in warnings.filters),
+            warning=warning,
+            targets=registered_targets(),
+            failures=load_failures(),
+        )
+        """,
+        site=fresh_site,
+        flags=("-W", "error"),
+    )
+
+    assert result["warnings_are_errors"] is True
+    assert result["warning"] is not None
+    assert "a_broken" in result["warning"] and "load_failures()" in result["warning"]
+    assert result["targets"] == ["c"], "a backend after the failing ones was left unloaded"
+    assert result["failures"] == [
+        "a_broken (a_broken): ImportError: no driver",
+        "b_broken (b_broken): OSError: no device node",
+    ]
+    assert fresh_site.imports_of("c_healthy") == 1
+
+
+# ---- B9: the failure note --------------------------------------------------------------
+
+NOTE = " (1 backend(s) failed to load; see tileops.backend.load_failures())"
+
+
+@pytest.fixture
+def one_failed(site):
+    """A broken backend and a working ``torch_cpu`` (claims the CPU, builds RMSNorm)."""
+    site.backend("broken", "raise ValueError('kaput')")
+    site.backend(
+        "torch_cpu",
+        """
+        import torch
+
+        register_detector("torch_cpu", lambda device: device.type == "cpu")
+        register_kernel_builder(
+            "RMSNormFwdOp", "torch_cpu",
+            lambda x, weight, *, normalized_shape, eps:
+                lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps),
+        )
+        """,
+    )
+    with pytest.warns(RuntimeWarning):
+        registered_targets()
+    assert len(load_failures()) == 1
+
+
+def test_with_a_failed_backend_an_unknown_target_error_ends_with_the_failure_note(one_failed):
+    with pytest.raises(UnknownTargetError) as raised:
+        rms_op(target="nope")(*rms_inputs())
+    assert str(raised.value) == (
+        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
+    )
+
+
+def test_with_a_failed_backend_an_unknown_default_target_ends_with_the_failure_note(one_failed):
+    with pytest.raises(UnknownTargetError) as raised:
+        set_default_target("nope")
+    assert str(raised.value) == (
+        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
+    )
+
+
+def test_with_a_failed_backend_an_ambiguity_error_ends_with_the_failure_note(one_failed):
+    register_detector("also_cpu", lambda device: device.type == "cpu")
+    with pytest.raises(AmbiguousTargetError) as raised:
+        rms_op()(*rms_inputs())
+    assert str(raised.value).endswith(NOTE)
+    assert str(raised.value).count("failed to load") == 1
+
+
+def test_with_a_failed_backend_a_detector_error_ends_with_the_failure_note(one_failed):
+    def detect(device):
+        raise RuntimeError("confused")
+
+    register_detector("raiser", detect)
+    with pytest.raises(BackendError) as raised:
+        rms_op()(*rms_inputs())
+    assert "raiser" in str(raised.value)
+    assert str(raised.value).endswith(NOTE)
+
+
+def test_the_failure_note_counts_every_failed_backend(site):
+    site.backend("broken_one", "raise ValueError('kaput')")
+    site.backend("broken_two", "raise ValueError('kaput')")
+    discover()
+    with pytest.raises(UnknownTargetError) as raised:
+        rms_op(target="nope")(*rms_inputs())
+    assert str(raised.value) == (
+        "no backend registered target 'nope'; known targets: []"
+        " (2 backend(s) failed to load; see tileops.backend.load_failures())"
+    )
+
+
+def test_an_op_not_available_error_never_carries_the_failure_note(one_failed):
+    with pytest.raises(OpNotAvailableError) as no_builder:
+        SoftmaxFwdOp(dim=-1)(rms_inputs()[0])
+    register_kernel_builder("SoftmaxFwdOp", "torch_cpu", lambda *specs, **params: 42)
+    with pytest.raises(OpNotAvailableError) as not_callable:
+        SoftmaxFwdOp(dim=-1)(rms_inputs()[0])
+    for raised in (no_builder, not_callable):
+        assert "failed to load" not in str(raised.value)
+        assert "load_failures" not in str(raised.value)
+
+
+# ---- C3: a broken detector -------------------------------------------------------------
+
+# The broken detector's body: it raises ``original``, or answers something not a bool.
+DETECTORS = {
+    "raises": "raise original",
+    "answers None": "return None",  # a detector must answer True or False
+    "answers 1": "return 1",
+    "answers 'cpu'": "return 'cpu'",
+    "answers [True]": "return [True]",
+}
+
+
+@pytest.mark.parametrize("behaviour", list(DETECTORS))
+def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained_to_the_cause(
+    site, behaviour
+):
+    site.backend(
         "moody",
         f"""
-        from tileops.backend import register_detector
+        original = RuntimeError("driver query failed")
 
         def detect(device):
-            {body}
+            {DETECTORS[behaviour]}
 
         register_detector("moody", detect)
-    """,
+        """,
+    )
+    site.backend(  # claims the CPU too: the broken detector is not skipped in its favour
+        "fine",
+        """
+        import torch
+
+        builds = []
+        register_detector("fine", lambda device: device.type == "cpu")
+
+        def build_softmax(x, *, dim):
+            builds.append(x)
+            return lambda x: torch.softmax(x, dim)
+
+        register_kernel_builder("SoftmaxFwdOp", "fine", build_softmax)
+        """,
     )
     op = SoftmaxFwdOp(dim=-1)
 
@@ -274,14 +469,26 @@ def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained
 
     text = str(info.value)
     assert "'moody'" in text and "moody.detect" in text and "'cpu'" in text
-    assert isinstance(info.value.__cause__, cause)
+    import fine
+    import moody
+
+    if behaviour == "raises":
+        assert info.value.__cause__ is moody.original
+    else:
+        assert isinstance(info.value.__cause__, TypeError)
+        answer = DETECTORS[behaviour].removeprefix("return ")
+        assert answer in text + str(info.value.__cause__)
+    assert fine.builds == []
     assert op.settled_target is None
     assert load_failures() == []  # it loaded fine; the failure is in the error text
 
 
+# ---- C4, C8: a builder that raises -----------------------------------------------------
+
+
 @pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
-def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, failure):
-    packages.add(
+def test_a_raising_builder_pins_nothing_and_the_next_call_retries(site, failure):
+    site.backend(
         "crashy",
         f"""
         import torch
@@ -297,7 +504,7 @@ def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, fail
             return lambda x: torch.softmax(x, dim)
 
         register_kernel_builder("SoftmaxFwdOp", "crashy", build_softmax)
-    """,
+        """,
     )
     op = SoftmaxFwdOp(dim=-1)
 
@@ -317,10 +524,26 @@ def test_a_raising_builder_pins_nothing_and_the_next_call_retries(packages, fail
     assert len(crashy.attempts) == 2
 
 
-def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_and_role(
-    packages,
-):
-    packages.add(
+def test_a_raising_builder_falls_back_to_nothing():
+    calls = []
+
+    def build_fussy(x, weight, *, normalized_shape, eps):
+        calls.append("fussy")
+        raise ValueError(f"fussy rms_norm needs float32, got dtype {x.dtype}")
+
+    register_detector("fussy", lambda device: device.type == "cpu")
+    register_kernel_builder("RMSNormFwdOp", "fussy", build_fussy)
+    register_kernel_builder("RMSNormFwdOp", "spare", rms_builder(calls, "spare"))
+    with pytest.raises(ValueError, match="fussy rms_norm needs float32"):
+        rms_op(kernel_map=cpu_in_tree(calls))(*rms_inputs())
+    assert calls == ["fussy"]  # neither the spare target nor the in-tree kernel
+
+
+# ---- D6: a builder returning something that is not a kernel ----------------------------
+
+
+def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_and_role(site):
+    site.backend(
         "lazy",
         """
         from tileops.backend import register_detector, register_kernel_builder
@@ -332,7 +555,7 @@ def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_
             return 42   # forgot to return the kernel
 
         register_kernel_builder("SoftmaxFwdOp", "lazy", build_softmax)
-    """,
+        """,
     )
     op = SoftmaxFwdOp(dim=-1)
 
@@ -348,8 +571,11 @@ def test_a_builder_returning_a_non_callable_is_an_error_naming_target_object_op_
     assert len(lazy.builds) == 2, "a rejected kernel is not memoized: the next call rebuilds"
 
 
-def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(packages):
-    packages.add(
+# ---- a kernel that raises ----------------------------------------------------------------
+
+
+def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(site):
+    site.backend(
         "angry",
         """
         from tileops.backend import register_detector, register_kernel_builder
@@ -364,7 +590,7 @@ def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(pac
             return kernel
 
         register_kernel_builder("LogSoftmaxFwdOp", "angry", build_log_softmax)
-    """,
+        """,
     )
     op = LogSoftmaxFwdOp(dim=-1)
 
