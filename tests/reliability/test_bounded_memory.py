@@ -1,5 +1,7 @@
 """Bounded memory: a decode loop that changes shape at every step must not grow the op
-layer without bound, and what it drops must really be released.
+layer without bound, and what it drops must really be released. The memo's counters and
+eviction, which these bounds are read from, are checked here too (the example backend's
+suite leaves them to tileops).
 
 A fake target keeps ten thousand builds fast: nothing is computed, every kernel is a small
 object the test holds weak references to. The tensors are small uninitialised CPU tensors
@@ -150,3 +152,28 @@ def test_in_tree_kernels_evicted_from_the_memo_are_released():
     assert op.kernel_cache_stats()["size"] == 16
     alive = sum(ref() is not None for ref in made)
     assert alive <= 16, f"{alive} in-tree kernels alive after 1000 shapes; the memo keeps 16"
+
+
+# ---- what the bound is read from: the memo's counters, and eviction --------------------
+
+
+def test_a_repeated_signature_counts_one_miss_and_one_build_then_a_hit_per_call():
+    builds = Builds()
+    op = RMSNormFwdOp(normalized_shape=(HIDDEN,))
+    for _ in range(3):
+        op(empty(4, HIDDEN), empty(HIDDEN))  # new tensors, same signature
+    stats = op.kernel_cache_stats()
+    assert (stats["builds"], stats["misses"], stats["hits"], stats["size"]) == (1, 1, 2, 1)
+    assert len(builds.kernels) == 1
+
+
+def test_a_signature_whose_kernel_was_evicted_is_built_again_at_its_next_call():
+    builds = Builds()
+    tileops.set_kernel_cache_capacity(2)
+    op = RMSNormFwdOp(normalized_shape=(HIDDEN,))
+    for rows in (1, 2, 3):
+        op(empty(rows, HIDDEN), empty(HIDDEN))
+    stats = op.kernel_cache_stats()
+    assert stats["size"] == 2 and stats["evictions"] == 1
+    op(empty(1, HIDDEN), empty(HIDDEN))  # the least recently used one was evicted
+    assert len(builds.kernels) == 4

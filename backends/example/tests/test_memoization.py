@@ -1,5 +1,12 @@
-"""When the op layer calls build_kernel again, and when it does not: once per device and
-input signature, per op instance, in a bounded table."""
+"""When the op layer calls this backend's build_kernel again, and when it does not: once
+per device and input signature, per op instance; a new shape or dtype builds again, params
+are not in the key, and a build that raised is asked again.
+
+The memo itself (its bound, what it evicts, its counters, concurrent first calls) is
+tileops' machinery and tested in tileops' own suites. What a backend needs from it: the
+kernels it returns may be dropped at any time, so a kernel holds what it needs itself and
+the builder must be fine being asked again for a signature it built before.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,6 @@ import tileops_cpu
 import torch
 from tileops_cpu.kernels import CpuGemm, CpuGemv, CpuRMSNorm
 
-import tileops
 from tileops.ops import GemmFwdOp, RMSNormFwdOp
 
 CPU = torch.device("cpu")
@@ -37,8 +43,6 @@ def test_the_same_device_and_signature_reuse_the_kernel_without_calling_the_buil
     for _ in range(3):
         op(_randn(4, 64), _randn(64))  # new tensors, same signature
     assert len(constructed) == 1
-    stats = op.kernel_cache_stats()
-    assert (stats["builds"], stats["misses"], stats["hits"], stats["size"]) == (1, 1, 2, 1)
 
 
 def test_a_new_shape_builds_again(constructed):
@@ -97,21 +101,6 @@ def test_params_are_not_in_the_key_because_they_are_fixed_per_instance(construct
     assert set(loose.built_kernels("rms_norm")) == set(tight.built_kernels("rms_norm"))
 
 
-def test_the_memo_is_bounded_and_an_evicted_kernel_is_built_again(constructed):
-    before = tileops.kernel_cache_capacity()
-    tileops.set_kernel_cache_capacity(2)
-    try:
-        op = RMSNormFwdOp(normalized_shape=(64,))
-        for rows in (1, 2, 3):
-            op(_randn(rows, 64), _randn(64))
-        stats = op.kernel_cache_stats()
-        assert stats["size"] == 2 and stats["evictions"] == 1
-        op(_randn(1, 64), _randn(64))  # the least recently used one was evicted
-        assert len(constructed) == 4
-    finally:
-        tileops.set_kernel_cache_capacity(before)
-
-
 def test_gemm_and_gemv_signatures_are_memoized_separately():
     op = GemmFwdOp()
     b = _randn(8, 16)
@@ -122,15 +111,6 @@ def test_gemm_and_gemv_signatures_are_memoized_separately():
     assert sorted(type(k).__name__ for k in kernels) == ["CpuGemm", "CpuGemv"]
     assert all(isinstance(k, (CpuGemm, CpuGemv)) for k in kernels)
     assert op.kernel_cache_stats()["builds"] == 2
-
-
-def test_a_rejected_call_builds_and_keeps_nothing(constructed):
-    op = RMSNormFwdOp(normalized_shape=(64,))
-    with pytest.raises(ValueError):
-        op(torch.randn(4, 64), torch.randn(64))  # float32 is not in the manifest
-    assert constructed == []
-    assert dict(op.built_kernels("rms_norm")) == {}
-    assert op.kernel_cache_stats()["builds"] == 0
 
 
 def test_a_builder_that_raised_is_asked_again_on_the_next_call(monkeypatch):

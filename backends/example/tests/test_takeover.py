@@ -108,6 +108,7 @@ def test_a_call_the_manifest_rejects_never_reaches_the_builder(monkeypatch, x, w
     with pytest.raises(ValueError, match=says):
         op(x, weight)
     assert op.kernel_cache_stats()["builds"] == 0
+    assert dict(op.built_kernels("rms_norm")) == {}
     assert op.settled_target is None
 
 
