@@ -151,10 +151,12 @@ def _inplace_activation(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _silu_and_mul() -> Callable[..., RefResult]:
+def _gated(activation: Callable[[Tensor], Tensor]) -> Callable[..., RefResult]:
+    """activation(gate) * value, where x [M, 2N] = [gate | value]."""
+
     def ref(x: Tensor) -> Tensor:
         gate, value = _up(x).chunk(2, dim=-1)  # type: ignore[union-attr]
-        return _down(F.silu(gate) * value, x)
+        return _down(activation(gate) * value, x)
 
     return ref
 
@@ -276,7 +278,7 @@ _ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]
 # op -> its math, for the entries whose ref_api is none.
 _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
-    "SiluAndMulFwdOp": _silu_and_mul,
+    "SiluAndMulFwdOp": lambda: _gated(F.silu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
