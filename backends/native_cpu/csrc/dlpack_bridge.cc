@@ -18,14 +18,14 @@ PyObject* g_str_dtype = nullptr;
 bool dtype_from_dl(dl::DataType t, DType& out) {
   if (t.lanes != 1) return false;
   switch (t.code) {
-    case 2:
+    case dl::kFloat:
       if (t.bits == 32) return out = DType::f32, true;
       if (t.bits == 16) return out = DType::f16, true;
       return false;
-    case 4: return t.bits == 16 ? (out = DType::bf16, true) : false;
-    case 6: return t.bits == 8 ? (out = DType::b8, true) : false;
-    case 1: return t.bits == 8 ? (out = DType::u8, true) : false;
-    case 0:
+    case dl::kBfloat: return t.bits == 16 ? (out = DType::bf16, true) : false;
+    case dl::kBool: return t.bits == 8 ? (out = DType::b8, true) : false;
+    case dl::kUInt: return t.bits == 8 ? (out = DType::u8, true) : false;
+    case dl::kInt:
       if (t.bits == 8) return out = DType::i8, true;
       if (t.bits == 16) return out = DType::i16, true;
       if (t.bits == 32) return out = DType::i32, true;
@@ -37,21 +37,21 @@ bool dtype_from_dl(dl::DataType t, DType& out) {
 
 dl::DataType dl_from_dtype(DType d) {
   switch (d) {
-    case DType::f32: return {2, 32, 1};
-    case DType::f16: return {2, 16, 1};
-    case DType::bf16: return {4, 16, 1};
-    case DType::b8: return {6, 8, 1};
-    case DType::u8: return {1, 8, 1};
-    case DType::i8: return {0, 8, 1};
-    case DType::i16: return {0, 16, 1};
-    case DType::i32: return {0, 32, 1};
-    case DType::i64: return {0, 64, 1};
+    case DType::f32: return {dl::kFloat, 32, 1};
+    case DType::f16: return {dl::kFloat, 16, 1};
+    case DType::bf16: return {dl::kBfloat, 16, 1};
+    case DType::b8: return {dl::kBool, 8, 1};
+    case DType::u8: return {dl::kUInt, 8, 1};
+    case DType::i8: return {dl::kInt, 8, 1};
+    case DType::i16: return {dl::kInt, 16, 1};
+    case DType::i32: return {dl::kInt, 32, 1};
+    case DType::i64: return {dl::kInt, 64, 1};
   }
-  return {2, 32, 1};
+  return {dl::kFloat, 32, 1};
 }
 
 bool fill_view(const dl::Tensor& t, TensorView& out, const char* what) {
-  if (t.device.device_type != 1) {
+  if (t.device.device_type != dl::kCPU) {
     PyErr_Format(PyExc_ValueError, "native_cpu kernels need CPU tensors; got %s on DLPack device type %d", what,
                  static_cast<int>(t.device.device_type));
     return false;
@@ -105,12 +105,7 @@ void set_error(void*, const char* kind, const char* message) { PyErr_Format(PyEx
 
 }  // namespace
 
-const char* dtype_name(DType d) {
-  static const char* names[] = {"float32", "float16", "bfloat16", "bool", "uint8", "int8", "int16", "int32", "int64"};
-  return names[static_cast<int>(d)];
-}
-
-void bridge_init(PyObject* capsule, PyObject* torch_empty, PyObject* torch_dtypes) {
+void bridge_init(PyObject* capsule, PyObject* torch_empty, PyObject* const torch_dtypes[kNumDTypes]) {
   g_api = nullptr;
   if (capsule != nullptr && capsule != Py_None && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
     auto* api = static_cast<const dl::ExchangeApi*>(PyCapsule_GetPointer(capsule, "dlpack_exchange_api"));
@@ -119,7 +114,10 @@ void bridge_init(PyObject* capsule, PyObject* torch_empty, PyObject* torch_dtype
   }
   Py_XINCREF(torch_empty);
   g_torch_empty = torch_empty;
-  for (int i = 0; i < kNumDTypes && i < PySequence_Size(torch_dtypes); ++i) g_torch_dtypes[i] = PySequence_GetItem(torch_dtypes, i);
+  for (int i = 0; i < kNumDTypes; ++i) {
+    Py_XINCREF(torch_dtypes[i]);
+    g_torch_dtypes[i] = torch_dtypes[i];
+  }
   if (g_str_dlpack == nullptr) g_str_dlpack = PyUnicode_InternFromString("__dlpack__");
   if (g_str_dtype == nullptr) g_str_dtype = PyUnicode_InternFromString("dtype");
 }
@@ -160,7 +158,7 @@ static void advise_huge_pages(void* data, int ndim, const int64_t* shape, DType 
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
   if (g_api != nullptr && !g_force_fallback) {
     dl::Tensor proto{};
-    proto.device = {1, 0};
+    proto.device = {dl::kCPU, 0};
     proto.ndim = ndim;
     proto.dtype = dl_from_dtype(dtype);
     proto.shape = const_cast<int64_t*>(shape);

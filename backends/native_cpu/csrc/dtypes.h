@@ -9,10 +9,17 @@
 
 namespace tnc {
 
+// Bound to Python as tileops_native_cpu._C.DType, its members named as in kDTypeNames.
 enum class DType : int { f32 = 0, f16 = 1, bf16 = 2, b8 = 3, u8 = 4, i8 = 5, i16 = 6, i32 = 7, i64 = 8 };
 
-inline constexpr int kNumFloatTypes = 3;
 inline constexpr int kNumDTypes = 9;
+// torch's names: builders.py finds each torch dtype by the name of its DType member.
+inline constexpr const char* kDTypeNames[kNumDTypes] = {"float32", "float16", "bfloat16", "bool", "uint8",
+                                                        "int8",    "int16",   "int32",    "int64"};
+inline const char* dtype_name(DType d) { return kDTypeNames[static_cast<int>(d)]; }
+
+// Tensor views and the kernels' args hold up to this many axes.
+inline constexpr int kMaxDims = 16;
 
 struct half_t {
   uint16_t bits;

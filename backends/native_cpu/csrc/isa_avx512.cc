@@ -1,27 +1,22 @@
-// The kernels compiled for one ISA (flags set per file in CMakeLists.txt).
+// The kernels compiled for AVX-512 F/BW/VL/DQ + BF16 (flags set for this file in
+// CMakeLists.txt): every family, then the families' AVX-512 BF16 code
+// (kernels/*_avx512_bf16*.h), which replaces their bfloat16 kernels where it has its own.
 #include <immintrin.h>
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
 
-#include "dtypes.h"
-#include "kernel_table.h"
-#include "thread_pool.h"
+#include "kernels/prelude.h"
 
-#define TNC_AVX512_BF16_GEMM 1
 namespace tnc::isa_avx512 {
 #include "simd_avx512.h"
-#include "kernels_impl.h"
+#include "kernels/families.h"
+#include "kernels/attention_avx512_bf16.h"
+#include "kernels/elementwise_avx512_bf16.h"
+#include "kernels/gemm_avx512_bf16.h"
+#include "kernels/gemm_avx512_bf16_nt.h"
 }  // namespace tnc::isa_avx512
 
-namespace tnc {
-const Table& table_avx512() {
-  static const Table table = isa_avx512::make_table();
-  return table;
+void tnc::register_kernels_avx512(KernelTable& table) {
+  isa_avx512::register_families(table);
+  isa_avx512::register_attention_avx512_bf16(table);
+  isa_avx512::register_elementwise_avx512_bf16(table);
+  isa_avx512::register_gemm_avx512_bf16(table);
 }
-}  // namespace tnc

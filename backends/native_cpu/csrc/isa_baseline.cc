@@ -1,24 +1,11 @@
-// The kernels compiled for one ISA (flags set per file in CMakeLists.txt).
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
-
-#include "dtypes.h"
-#include "kernel_table.h"
-#include "thread_pool.h"
+// The kernels compiled with no ISA flags: any x86-64 or arm64. This file comes first in
+// CMakeLists.txt, so where several ISA files emit the same inline function, the copy the
+// linker keeps runs on any CPU of the arch.
+#include "kernels/prelude.h"
 
 namespace tnc::isa_baseline {
 #include "simd_scalar.h"
-#include "kernels_impl.h"
+#include "kernels/families.h"
 }  // namespace tnc::isa_baseline
 
-namespace tnc {
-const Table& table_baseline() {
-  static const Table table = isa_baseline::make_table();
-  return table;
-}
-}  // namespace tnc
+void tnc::register_kernels_baseline(KernelTable& table) { isa_baseline::register_families(table); }

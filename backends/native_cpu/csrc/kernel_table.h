@@ -1,143 +1,83 @@
-// The boundary between the Python-facing module and the per-ISA kernel builds. Each ISA
-// translation unit compiles the same templates with its own flags and fills one Table;
-// module.cc picks a table once at load time from the CPU's features.
+// The boundary between the per-ISA kernel builds and the marshalling. Each ISA translation
+// unit (isa_*.cc) compiles every kernel family with its own flags and registers the
+// family's entry points here under (name, storage dtype, variant); the marshalling
+// (bind/<family>.cc) looks an entry up once, when it builds a kernel object, and keeps the
+// function pointer for its calls. Nothing here names a family: a new kernel is registered
+// by its family file and found by its family's marshalling.
 #pragma once
 
-#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "dtypes.h"
 
 namespace tnc {
 
-struct NormArgs {
-  const void* x;
-  const void* residual;
-  const void* weight;
-  const void* bias;
-  void* out;
-  void* residual_out;
-  int64_t rows;
-  int64_t n;
-  float eps;
+// A kernel entry point: runs on its family's args (kernels/<family>_args.h) with up to
+// `threads` threads.
+template <class Args>
+using KernelFn = void (*)(const Args& args, int threads);
+
+class KernelTable {
+ public:
+  explicit KernelTable(const char* isa) : isa_(isa) {}
+
+  // The instruction set the kernels were compiled for ("baseline", "avx2", "avx512").
+  const char* isa() const { return isa_; }
+
+  // A family's kernel `name` for storage dtype `dtype`; `variant` tells kernels of one name
+  // apart (e.g. the Activation of "unary"). Adding a key twice is a bug (std::logic_error).
+  template <class Args>
+  void add(const char* name, DType dtype, KernelFn<Args> fn, int variant = 0) {
+    put({name, dtype, variant, &kArgsTag<Args>, reinterpret_cast<Erased>(fn)}, false);
+  }
+  // Replaces a generic kernel with an ISA extension's (kernels/*_avx512_bf16.h).
+  template <class Args>
+  void replace(const char* name, DType dtype, KernelFn<Args> fn, int variant = 0) {
+    put({name, dtype, variant, &kArgsTag<Args>, reinterpret_cast<Erased>(fn)}, true);
+  }
+  // The kernel under that key taking Args, or null.
+  template <class Args>
+  KernelFn<Args> find(std::string_view name, DType dtype, int variant = 0) const {
+    return reinterpret_cast<KernelFn<Args>>(get(name, dtype, variant, &kArgsTag<Args>));
+  }
+
+  // Names the members of an enumeration whose values a family defines (the Activations of
+  // kernels/elementwise.h): the n-th name added is value n. Bound to Python by the family's
+  // marshalling, so a new member needs no edit outside the family's kernel file.
+  void add_member(const char* enumeration, const char* name);
+  std::vector<const char*> members(std::string_view enumeration) const;
+
+ private:
+  using Erased = void (*)();
+  // One address per Args type, the same in every translation unit: it keeps a lookup from
+  // handing out a kernel of another family's signature.
+  template <class Args>
+  static constexpr char kArgsTag = 0;
+
+  struct Entry {
+    const char* name;
+    DType dtype;
+    int variant;
+    const char* args;
+    Erased fn;
+  };
+  struct Member {
+    const char* enumeration;
+    const char* name;
+  };
+
+  void put(const Entry& entry, bool replace);
+  Erased get(std::string_view name, DType dtype, int variant, const char* args) const;
+
+  const char* isa_;
+  std::vector<Entry> entries_;
+  std::vector<Member> members_;
 };
 
-struct GroupNormArgs {
-  const void* x;
-  const void* weight;  // null: no affine
-  const void* bias;
-  void* out;
-  int64_t batch;
-  int64_t channels;
-  int64_t groups;
-  int64_t spatial;
-  float eps;
-};
-
-struct SoftmaxArgs {
-  const void* x;
-  void* out;
-  int64_t outer;
-  int64_t n;      // the softmax axis
-  int64_t inner;  // product of the axes after it
-  bool log;
-};
-
-enum class UnaryOp : int { silu = 0, gelu = 1, gelu_tanh = 2, relu = 3 };
-
-struct UnaryArgs {
-  const void* x;
-  void* out;
-  int64_t numel;
-  UnaryOp op;
-};
-
-struct GatedArgs {
-  const void* x;
-  void* out;
-  int64_t rows;
-  int64_t n;  // output columns; x has 2n
-};
-
-enum class ReduceOp : int { sum = 0, mean = 1, amax = 2 };
-
-// Up to kMaxDims merged axes, alternating kept and reduced; the innermost one is contiguous.
-inline constexpr int kMaxDims = 16;
-struct ReduceArgs {
-  const void* x;
-  void* out;
-  int ndim;
-  int64_t sizes[kMaxDims];
-  bool reduced[kMaxDims];
-  ReduceOp op;
-  float scale;  // 1/N for mean
-};
-
-enum class BinaryOp : int { add = 0, mul = 1 };
-
-// Elementwise with broadcasting over up to three operands: after merging, every operand
-// has a stride per output axis (0 where broadcast), in elements.
-struct BroadcastArgs {
-  const void* in[3];  // null: operand absent (clamp without min or max)
-  void* out;
-  int ndim;
-  int64_t sizes[kMaxDims];
-  int64_t strides[3][kMaxDims];
-  double alpha;  // add: out = a + alpha * b
-  BinaryOp op;
-};
-
-struct RopeArgs {
-  const void* x;
-  void* out;
-  const float* cos;  // [positions, rotary_dim / 2], values already rounded through x's dtype
-  const float* sin;
-  const void* positions;  // null: position = token % seq
-  bool positions_are_i64;
-  int64_t tokens;
-  int64_t seq;
-  int64_t heads;
-  int64_t head_dim;
-  int64_t rotary_dim;
-};
-
-struct GemmArgs {
-  const void* a;
-  const void* b;
-  void* d;
-  int64_t batch, m, n, k;
-  int64_t a_batch, a_row, a_col;  // element (i, kk) of a at a_row*i + a_col*kk
-  int64_t b_batch, b_row, b_col;  // element (kk, j) of b at b_row*kk + b_col*j
-  int64_t d_batch;                // d rows are contiguous with n columns
-};
-
-struct AttentionArgs {
-  const void* q;  // [B, Sq, H, D]
-  const void* k;  // [B, Skv, Hkv, D]
-  const void* v;
-  void* o;        // [B, Sq, H, D]
-  int64_t batch, seq_q, seq_kv, heads, heads_kv, head_dim;
-  bool causal;
-  float scale;
-};
-
-struct Table {
-  const char* name;
-  void (*rms_norm[3])(const NormArgs&, int threads);
-  void (*fused_add_rms_norm[3])(const NormArgs&, int threads);
-  void (*layer_norm[3])(const NormArgs&, int threads);
-  void (*group_norm[3])(const GroupNormArgs&, int threads);
-  void (*softmax[3])(const SoftmaxArgs&, int threads);
-  void (*unary[3])(const UnaryArgs&, int threads);
-  void (*silu_and_mul[3])(const GatedArgs&, int threads);
-  void (*reduce[3])(const ReduceArgs&, int threads);
-  void (*binary[9])(const BroadcastArgs&, int threads);  // indexed by DType
-  void (*clamp[3])(const BroadcastArgs&, int threads);
-  void (*rope[3])(const RopeArgs&, int threads);
-  void (*gemm[3])(const GemmArgs&, int threads);
-  void (*attention[3])(const AttentionArgs&, int threads);
-  void (*attention_decode[3])(const AttentionArgs&, int threads);
-};
-
-const Table& table_avx512();
-const Table& table_avx2();
-const Table& table_baseline();
+// Each ISA translation unit registers every family's kernels, compiled for its ISA.
+void register_kernels_baseline(KernelTable& table);
+void register_kernels_avx2(KernelTable& table);
+void register_kernels_avx512(KernelTable& table);
 
 }  // namespace tnc

@@ -1,0 +1,367 @@
+// The attention family: grouped-query attention, prefill (blocked online softmax over
+// [B, S, H, D] with [B, S, Hkv, D] keys and values, optionally causal) and decode (one
+// query per sequence against a [B, N, Hkv, D] cache). Included inside a per-ISA namespace
+// by kernels/families.h (after kernels/common.h); marshalling in bind/attention.cc.
+#pragma once
+// (no includes here on purpose: see kernels/common.h)
+
+// ---------------------------------------------------------------------------------------
+// prefill: blocked online softmax in float32
+
+constexpr int64_t kAttnBQ = 32;
+constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
+
+template <class T>
+void attention(const tnc::AttentionArgs& a, int threads) {
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
+  const int64_t qblocks = (a.seq_q + kAttnBQ - 1) / kAttnBQ;
+  const int64_t items = a.batch * a.heads_kv * qblocks;
+  const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
+  tnc::parallel_for(items, 1, threads, [&](int64_t i0, int64_t i1) {
+    const int64_t rows_max = G * kAttnBQ;
+    float* Q = scratch(static_cast<size_t>(rows_max * Dp + rows_max * Dp + rows_max * kAttnBK + 2 * rows_max), 0);
+    float* O = Q + rows_max * Dp;
+    float* P = O + rows_max * Dp;
+    float* Mx = P + rows_max * kAttnBK;
+    float* L = Mx + rows_max;
+    float* Kt = scratch(static_cast<size_t>(D * kAttnBK), 1);
+    float* V = scratch(static_cast<size_t>(kAttnBK * Dp), 2);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t qb = item % qblocks, hkv = (item / qblocks) % a.heads_kv, b = item / (qblocks * a.heads_kv);
+      const int64_t q0 = qb * kAttnBQ, bq = std::min(kAttnBQ, a.seq_q - q0);
+      const int64_t rows = G * bq;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < bq; ++i) {
+          const T* src = static_cast<const T*>(a.q) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          float* dst = Q + (g * bq + i) * Dp;
+          for (int64_t d = 0; d < D; ++d) dst[d] = tnc::to_float(src[d]) * a.scale;
+          for (int64_t d = D; d < Dp; ++d) dst[d] = 0.f;
+        }
+      for (int64_t r = 0; r < rows; ++r) {
+        Mx[r] = -std::numeric_limits<float>::infinity();
+        L[r] = 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[r * Dp + d] = 0.f;
+      }
+      // causal: top-left aligned, key j is visible to query i when j <= i
+      const int64_t kv_end = a.causal ? std::min(a.seq_kv, q0 + bq) : a.seq_kv;
+      for (int64_t k0 = 0; k0 < kv_end; k0 += kAttnBK) {
+        const int64_t bk = std::min(kAttnBK, kv_end - k0);
+        for (int64_t j = 0; j < kAttnBK; ++j) {
+          float* vdst = V + j * Dp;
+          if (j >= bk) {
+            for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = 0.f;
+            for (int64_t d = 0; d < Dp; ++d) vdst[d] = 0.f;
+            continue;
+          }
+          const int64_t tok = (b * a.seq_kv + k0 + j) * kv_tok + hkv * D;
+          const T* ks = static_cast<const T*>(a.k) + tok;
+          const T* vs = static_cast<const T*>(a.v) + tok;
+          for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = tnc::to_float(ks[d]);
+          for (int64_t d = 0; d < D; d += W) storec(vdst + d, loadc(vs + d, D - d), D - d);
+          for (int64_t d = D; d < Dp; ++d) vdst[d] = 0.f;
+        }
+        // scores, four query rows at a time
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const float* q[4];
+          for (int i = 0; i < 4; ++i) q[i] = Q + std::min(r0 + i, rows - 1) * Dp;
+          for (int64_t c = 0; c < kAttnBK; c += W) {
+            F s0 = S::zero(), s1 = S::zero(), s2 = S::zero(), s3 = S::zero();
+            for (int64_t d = 0; d < D; ++d) {
+              const F kv = S::load(Kt + d * kAttnBK + c);
+              s0 = S::fma(S::set1(q[0][d]), kv, s0);
+              s1 = S::fma(S::set1(q[1][d]), kv, s1);
+              s2 = S::fma(S::set1(q[2][d]), kv, s2);
+              s3 = S::fma(S::set1(q[3][d]), kv, s3);
+            }
+            const F s[4] = {s0, s1, s2, s3};
+            for (int i = 0; i < 4 && r0 + i < rows; ++i) S::store(P + (r0 + i) * kAttnBK + c, s[i]);
+          }
+        }
+        // online softmax per row
+        for (int64_t r = 0; r < rows; ++r) {
+          float* p = P + r * kAttnBK;
+          const int64_t qi = q0 + r % bq;
+          const int64_t visible = a.causal ? std::min(bk, qi - k0 + 1) : bk;
+          for (int64_t j = std::max<int64_t>(visible, 0); j < kAttnBK; ++j) p[j] = -std::numeric_limits<float>::infinity();
+          F row_max = S::load(p);
+          for (int64_t j = W; j < kAttnBK; j += W) row_max = S::max(row_max, S::load(p + j));
+          const float mx = std::max(Mx[r], S::reduce_max(row_max));
+          if (mx == -std::numeric_limits<float>::infinity()) {  // nothing visible yet in this row
+            for (int64_t j = 0; j < kAttnBK; ++j) p[j] = 0.f;
+            continue;
+          }
+          const float corr = std::exp(Mx[r] - mx);
+          Mx[r] = mx;
+          const F m = S::set1(mx);
+          F sum = S::zero();
+          for (int64_t j = 0; j < kAttnBK; j += W) {
+            const F e = vexp(S::sub(S::load(p + j), m));
+            S::store(p + j, e);
+            sum = S::add(sum, e);
+          }
+          L[r] = L[r] * corr + S::reduce_add(sum);
+          if (corr != 1.f) {
+            const F vc = S::set1(corr);
+            float* o = O + r * Dp;
+            for (int64_t d = 0; d < Dp; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
+          }
+        }
+        // O += P V, four rows at a time
+        for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+          const int64_t rn = std::min<int64_t>(4, rows - r0);
+          const float* p[4];
+          for (int i = 0; i < 4; ++i) p[i] = P + std::min(r0 + i, rows - 1) * kAttnBK;
+          for (int64_t d = 0; d < Dp; d += W) {
+            F o0 = S::load(O + r0 * Dp + d);
+            F o1 = rn > 1 ? S::load(O + (r0 + 1) * Dp + d) : S::zero();
+            F o2 = rn > 2 ? S::load(O + (r0 + 2) * Dp + d) : S::zero();
+            F o3 = rn > 3 ? S::load(O + (r0 + 3) * Dp + d) : S::zero();
+            for (int64_t j = 0; j < bk; ++j) {
+              const F vv = S::load(V + j * Dp + d);
+              o0 = S::fma(S::set1(p[0][j]), vv, o0);
+              o1 = S::fma(S::set1(p[1][j]), vv, o1);
+              o2 = S::fma(S::set1(p[2][j]), vv, o2);
+              o3 = S::fma(S::set1(p[3][j]), vv, o3);
+            }
+            S::store(O + r0 * Dp + d, o0);
+            if (rn > 1) S::store(O + (r0 + 1) * Dp + d, o1);
+            if (rn > 2) S::store(O + (r0 + 2) * Dp + d, o2);
+            if (rn > 3) S::store(O + (r0 + 3) * Dp + d, o3);
+          }
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < bq; ++i) {
+          const int64_t r = g * bq + i;
+          const F inv = S::set1(L[r] > 0.f ? 1.f / L[r] : 0.f);
+          T* dst = static_cast<T*>(a.o) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          for (int64_t d = 0; d < D; d += W) storec(dst + d, S::mul(S::load(O + r * Dp + d), inv), D - d);
+        }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// decode
+
+// How decode computes the dot products of a register block (4 keys x 4 query heads): here
+// in float from the scaled float query, inline in attention_decode. An ISA extension with
+// kOwnQuery (kernels/attention_avx512_bf16.h) keeps its own, unscaled copy of the queries
+// (alloc_query per thread, load_query per head) and computes the block itself (block());
+// its scores are scaled afterwards. (Here the copy is a null pointer, not an empty object:
+// an object, even an empty one, changed the float kernel's code.)
+struct FloatDecodeScores {
+  static constexpr bool kOwnQuery = false;
+  static void* alloc_query(int64_t, int64_t) { return nullptr; }
+};
+
+// Decode: one query per sequence. Memory-bound on K and V, which are streamed once: a
+// task owns a range of cached positions of one sequence and walks it in blocks of W
+// tokens over every KV head (the cache is [B, N, Hkv, D], so a block is one contiguous
+// run; walking one KV head alone would touch a new page every few rows). Every query head
+// of a group is served by the same load of a K or V row. The G x W dot products of a
+// block are finished by one transpose-add per query head (no horizontal reduction per
+// key), the softmax update is vectorised over the block's keys, and P V runs over
+// register blocks of (4 heads x 4 vectors of D). The positions are split when the batch
+// alone cannot keep every thread busy; the splits are merged at the end.
+template <class T, class Scores = FloatDecodeScores>
+void attention_decode(const tnc::AttentionArgs& a, int threads) {
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, N = a.seq_kv, H = a.heads;
+  const int64_t dfull = D / W * W;
+  const int64_t groups = a.batch * a.heads_kv;
+  int64_t splits = 1;
+  if (a.batch < 4 * threads)
+    splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
+  const int64_t span = (N + splits - 1) / std::max<int64_t>(splits, 1);
+  const int64_t part_stride = Dp + 2;
+  std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
+  const int64_t kv_tok = a.heads_kv * D;
+  tnc::parallel_for(a.batch * splits, 1, threads, [&, D, Dp, G, N, H, dfull, kv_tok, splits, span](int64_t i0, int64_t i1) {
+    float* Q = scratch(static_cast<size_t>(2 * H * Dp + 2 * H + G * W + G * W * W), 0);
+    float* O = Q + H * Dp;
+    float* mx = O + H * Dp;
+    float* l = mx + H;
+    float* P = l + H;    // [G][W] probabilities of the current block and KV head
+    float* Acc = P + G * W;  // [G][W keys][W lanes] partial dot products
+    const auto own_query = Scores::alloc_query(H, D);  // an ISA extension's copy of the queries
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t b = item / splits, sp = item % splits;
+      const int64_t n0 = sp * span, n1 = std::min(N, n0 + span);
+      for (int64_t h = 0; h < H; ++h) {
+        const T* src = static_cast<const T*>(a.q) + (b * H + h) * D;
+        for (int64_t d = 0; d < Dp; ++d) Q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
+        for (int64_t d = 0; d < Dp; ++d) O[h * Dp + d] = 0.f;
+        if constexpr (Scores::kOwnQuery) Scores::load_query(own_query, h, src, D);
+        mx[h] = -std::numeric_limits<float>::infinity();
+        l[h] = 0.f;
+      }
+      for (int64_t k0 = n0; k0 < n1; k0 += W) {
+        const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
+        if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
+          for (int64_t i = 0; i < G * W * W; ++i) Acc[i] = 0.f;
+        for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv) {
+          const T* kbase = static_cast<const T*>(a.k) + (b * N + k0) * kv_tok + hkv * D;
+          const T* vbase = static_cast<const T*>(a.v) + (b * N + k0) * kv_tok + hkv * D;
+          const float* Qg = Q + hkv * G * Dp;
+          float* Og = O + hkv * G * Dp;
+          if (k0 + W < n1) {  // the next block of this KV head into L2 while this one computes
+            const int nb = static_cast<int>(std::min<int64_t>(W, n1 - k0 - W));
+            for (int j = 0; j < nb; ++j)
+              for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+                __builtin_prefetch(reinterpret_cast<const char*>(kbase + (W + j) * kv_tok) + byte, 0, 2);
+                __builtin_prefetch(reinterpret_cast<const char*>(vbase + (W + j) * kv_tok) + byte, 0, 2);
+              }
+          }
+          // scores: register blocks of 4 keys x 4 query heads (16 independent FMA chains;
+          // one K row load serves four heads). Dead keys and heads repeat the last live one:
+          // dead keys' lanes are masked below, dead heads are not stored.
+          for (int j0 = 0; j0 < bk; j0 += 4) {
+            const T* kr[4];
+#pragma GCC unroll 4
+            for (int jj = 0; jj < 4; ++jj) kr[jj] = kbase + std::min(j0 + jj, bk - 1) * kv_tok;
+            for (int64_t g0 = 0; g0 < G; g0 += 4) {
+              const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
+              const float* qr[4];
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i) qr[i] = Qg + (g0 + std::min(i, gn - 1)) * Dp;
+              F acc[4][4];
+              if constexpr (Scores::kOwnQuery) {
+                Scores::block(own_query, hkv * G + g0, gn, kr, D, acc);
+              } else {
+#pragma GCC unroll 4
+              for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) acc[jj][i] = S::zero();
+              for (int64_t d = 0; d < dfull; d += W) {
+                F qv[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d);
+#pragma GCC unroll 4
+                for (int jj = 0; jj < 4; ++jj) {
+                  const F kv = S::load(kr[jj] + d);
+#pragma GCC unroll 4
+                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
+                }
+              }
+              if (dfull < D) {
+                const int c = static_cast<int>(D - dfull);
+                F qv[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + dfull);  // zero-padded
+#pragma GCC unroll 4
+                for (int jj = 0; jj < 4; ++jj) {
+                  const F kv = S::load_n(kr[jj] + dfull, c);
+#pragma GCC unroll 4
+                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
+                }
+              }
+              }
+#pragma GCC unroll 4
+              for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i)
+                  if (i < gn && j0 + jj < W) S::store(Acc + ((g0 + i) * W + j0 + jj) * W, acc[jj][i]);
+            }
+          }
+          // online softmax over the block, vectorised over its keys
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t h = hkv * G + g;
+            F acc_rows[W];
+            for (int j = 0; j < W; ++j) acc_rows[j] = S::load(Acc + (g * W + j) * W);
+            F sc = S::transpose_add(acc_rows);
+            if constexpr (Scores::kOwnQuery) sc = S::mul(sc, S::set1(a.scale));  // from the unscaled query
+            if (bk < W) {
+              alignas(64) float lanes[W];
+              S::store(lanes, sc);
+              sc = S::load_n(static_cast<const float*>(lanes), bk, -std::numeric_limits<float>::infinity());
+            }
+            const float m = std::max(mx[h], S::reduce_max(sc));
+            const float corr = mx[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(mx[h] - m);
+            mx[h] = m;
+            const F p = vexp(S::sub(sc, S::set1(m)));
+            S::store(P + g * W, p);
+            l[h] = l[h] * corr + S::reduce_add(p);
+            if (corr != 1.f) {
+              const F vc = S::set1(corr);
+              float* o = Og + g * Dp;
+              for (int64_t d = 0; d < Dp; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
+            }
+          }
+          // O += P V: register blocks of 4 heads x 4 vectors of D (constant indices only, so
+          // the block stays in registers; dead heads repeat the last live one)
+          for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
+            const int dv = static_cast<int>(std::min<int64_t>(4, (Dp - d0) / W));
+            for (int64_t g0 = 0; g0 < G; g0 += 4) {
+              const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
+              const float* prow[4];
+              float* orow[4];
+              F acc[4][4];
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i) {
+                const int64_t g = g0 + std::min(i, gn - 1);
+                prow[i] = P + g * W;
+                orow[i] = Og + g * Dp + d0;
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
+              }
+              for (int j = 0; j < bk; ++j) {
+                const T* vr = vbase + j * kv_tok + d0;
+                F vv[4];
+#pragma GCC unroll 4
+                for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) {
+                  const F pj = S::set1(prow[i][j]);
+#pragma GCC unroll 4
+                  for (int v = 0; v < 4; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
+                }
+              }
+#pragma GCC unroll 4
+              for (int i = 0; i < 4; ++i)
+                if (i < gn)
+#pragma GCC unroll 4
+                  for (int v = 0; v < 4; ++v)
+                    if (v < dv) S::store(orow[i] + v * W, acc[i][v]);
+            }
+          }
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t grp = b * a.heads_kv + h / G, g = h % G;
+        float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
+        part[0] = mx[h];
+        part[1] = l[h];
+        for (int64_t d = 0; d < Dp; ++d) part[2 + d] = O[h * Dp + d];
+      }
+    }
+  });
+  // merge the splits of each (sequence, head)
+  tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {
+    for (int64_t hg = h0; hg < h1; ++hg) {
+      const int64_t grp = hg / G, g = hg % G;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
+      float acc[1024];
+      float l = 0.f;
+      for (int64_t d = 0; d < Dp; ++d) acc[d] = 0.f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
+        if (part[1] == 0.f) continue;
+        const float w = std::exp(part[0] - m);
+        l += part[1] * w;
+        for (int64_t d = 0; d < Dp; ++d) acc[d] += part[2 + d] * w;
+      }
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+      T* dst = static_cast<T*>(a.o) + (b * a.heads + hkv * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
+    }
+  });
+}
+
+inline void register_attention(tnc::KernelTable& t) {
+  for_each_float_type([&]<class T>(tnc::DType d) {
+    t.add<tnc::AttentionArgs>("attention", d, attention<T>);
+    t.add<tnc::AttentionArgs>("attention_decode", d, attention_decode<T>);
+  });
+}

@@ -1,0 +1,195 @@
+// What every kernel family builds on, written once over `Simd` (the lane type of one ISA)
+// and the storage type T (float, half_t, bf16_t): partial loads and stores, row
+// primitives, per-thread scratch, exp and reciprocals, and registering a family's kernels.
+// Included inside a per-ISA namespace by kernels/families.h, after the ISA's simd_*.h.
+// All arithmetic is in float32.
+#pragma once
+// (no includes here on purpose: see the note above)
+
+using S = Simd;
+using F = S::F;
+constexpr int W = S::W;
+using tnc::bf16_t;
+using tnc::half_t;
+
+// ---------------------------------------------------------------------------------------
+// small helpers
+
+template <class T>
+inline F loadc(const T* p, int64_t count, float fill = 0.f) {
+  return count >= W ? S::load(p) : S::load_n(p, static_cast<int>(count), fill);
+}
+template <class T>
+inline void storec(T* p, F v, int64_t count) {
+  if (count >= W) {
+    S::store(p, v);
+  } else {
+    S::store_n(p, v, static_cast<int>(count));
+  }
+}
+
+// Rows per task so that one task touches at least ~16K elements.
+inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+template <class T>
+inline float sum_squares(const T* x, int64_t n) {
+  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    const F v0 = S::load(x + i), v1 = S::load(x + i + W), v2 = S::load(x + i + 2 * W), v3 = S::load(x + i + 3 * W);
+    a0 = S::fma(v0, v0, a0);
+    a1 = S::fma(v1, v1, a1);
+    a2 = S::fma(v2, v2, a2);
+    a3 = S::fma(v3, v3, a3);
+  }
+  for (; i < n; i += W) {
+    const F v = loadc(x + i, n - i);
+    a0 = S::fma(v, v, a0);
+  }
+  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+}
+
+template <class T>
+inline float sum_run(const T* x, int64_t n) {
+  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = S::add(a0, S::load(x + i));
+    a1 = S::add(a1, S::load(x + i + W));
+    a2 = S::add(a2, S::load(x + i + 2 * W));
+    a3 = S::add(a3, S::load(x + i + 3 * W));
+  }
+  for (; i < n; i += W) a0 = S::add(a0, loadc(x + i, n - i));
+  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+}
+
+// NaN-propagating scalar max (torch.amax and softmax: any NaN makes the result NaN)
+inline float max_nan(float a, float b) { return (a != a || b != b) ? a + b : std::max(a, b); }
+
+template <class T>
+inline float max_run(const T* x, int64_t n) {
+  const float lowest = -std::numeric_limits<float>::infinity();
+  F a0 = S::set1(lowest), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = S::max_nan(a0, S::load(x + i));
+    a1 = S::max_nan(a1, S::load(x + i + W));
+    a2 = S::max_nan(a2, S::load(x + i + 2 * W));
+    a3 = S::max_nan(a3, S::load(x + i + 3 * W));
+  }
+  for (; i < n; i += W) a0 = S::max_nan(a0, loadc(x + i, n - i, lowest));
+  alignas(64) float lanes[4 * W];
+  S::store(lanes, a0);
+  S::store(lanes + W, a1);
+  S::store(lanes + 2 * W, a2);
+  S::store(lanes + 3 * W, a3);
+  float m = lowest;
+  for (int l = 0; l < 4 * W; ++l) m = max_nan(m, lanes[l]);
+  return m;
+}
+
+// float16/bfloat16 results tolerate the fast exp
+template <class T>
+constexpr bool kHalfT = !std::is_same_v<T, float>;
+
+// A thread's scratch floats; grows, never shrinks, never shared.
+inline float* scratch(size_t count, int slot = 0) {
+  thread_local std::vector<float> buffers[4];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < count) b.resize(count + 64);
+  return b.data();
+}
+
+// ---------------------------------------------------------------------------------------
+// math: exp with a degree-7 polynomial after Cody-Waite reduction (about 1 ulp in range).
+// With AVX-512 the 2^n step is vscalefps, which also gives subnormals and 0 below the
+// range; the clamps take x first-operand-last so that a NaN input stays NaN there.
+
+// Fast: for float16/bfloat16 results: one-step reduction and a degree-4 polynomial
+// (relative error below 5e-5, a twentieth of a float16 ulp), four fewer vector ops.
+template <bool Fast = false>
+inline F vexp(F x) {
+  F xc;
+  if constexpr (S::kHasScalef) {
+    xc = S::min(S::set1(88.3f), S::max(S::set1(-104.f), x));
+  } else {
+    xc = S::min(S::max(x, S::set1(-87.3f)), S::set1(88.3f));
+  }
+  const F n = S::round(S::mul(xc, S::set1(1.44269504088896341f)));
+  F r, p;
+  if constexpr (Fast) {
+    r = S::fnma(n, S::set1(0.693147180559945309f), xc);
+    p = S::set1(1.f / 24.f);
+  } else {
+    r = S::fnma(n, S::set1(0.693145751953125f), xc);
+    r = S::fnma(n, S::set1(1.42860682030941723212e-6f), r);
+    p = S::set1(1.f / 5040.f);
+    p = S::fma(p, r, S::set1(1.f / 720.f));
+    p = S::fma(p, r, S::set1(1.f / 120.f));
+    p = S::fma(p, r, S::set1(1.f / 24.f));
+  }
+  p = S::fma(p, r, S::set1(1.f / 6.f));
+  p = S::fma(p, r, S::set1(0.5f));
+  p = S::fma(p, r, S::set1(1.f));
+  p = S::fma(p, r, S::set1(1.f));
+  if constexpr (S::kHasScalef) {
+    return S::scalef(p, n);
+  } else {
+    return S::keep_at_least(x, -87.3f, S::mul(p, S::pow2n(n)));
+  }
+}
+
+// e^-x without the negation: with u = x + n ln2 (n = round(-x log2 e)), e^-x = 2^n e^-u,
+// and e^-u is the same polynomial with alternating signs. Same accuracy as vexp<Fast>.
+template <bool Fast = false>
+inline F vexp_neg(F x) {
+  if constexpr (!S::kHasScalef) {
+    return vexp<Fast>(S::sub(S::zero(), x));
+  } else {
+    // Below -88.3 the result overflows to +inf through vscalefps; the Fast polynomial (even
+    // degree) is positive everywhere, so no clamp is needed on that side. Above 104 it
+    // must be clamped, or a huge reduced argument would turn 0 into inf.
+    const F xc = Fast ? S::min(S::set1(104.f), x) : S::min(S::set1(104.f), S::max(S::set1(-88.3f), x));
+    const F n = S::round(S::mul(xc, S::set1(-1.44269504088896341f)));
+    F u, p;
+    if constexpr (Fast) {
+      u = S::fma(n, S::set1(0.693147180559945309f), xc);
+      p = S::set1(1.f / 24.f);
+    } else {
+      u = S::fma(n, S::set1(0.693145751953125f), xc);
+      u = S::fma(n, S::set1(1.42860682030941723212e-6f), u);
+      p = S::set1(-1.f / 5040.f);
+      p = S::fma(p, u, S::set1(1.f / 720.f));
+      p = S::fma(p, u, S::set1(-1.f / 120.f));
+      p = S::fma(p, u, S::set1(1.f / 24.f));
+    }
+    p = S::fma(p, u, S::set1(-1.f / 6.f));
+    p = S::fma(p, u, S::set1(0.5f));
+    p = S::fma(p, u, S::set1(-1.f));
+    p = S::fma(p, u, S::set1(1.f));
+    return S::scalef(p, n);
+  }
+}
+
+// 1/a: float results get the Newton-refined reciprocal; float16/bfloat16 results the
+// AVX-512 14-bit estimate alone (relative error 6e-5, a sixteenth of a float16 ulp)
+template <bool Fast = false>
+inline F vrcp(F a) {
+  if constexpr (Fast && S::kHasScalef) {
+    return S::rcp_estimate(a);
+  } else {
+    return S::rcp(a);
+  }
+}
+
+
+// ---------------------------------------------------------------------------------------
+// registering a family's kernels (register_<family> at the end of each family file)
+
+// Calls fn.template operator()<T>(dtype) for each float storage type T.
+template <class Fn>
+inline void for_each_float_type(Fn fn) {
+  fn.template operator()<float>(tnc::DType::f32);
+  fn.template operator()<half_t>(tnc::DType::f16);
+  fn.template operator()<bf16_t>(tnc::DType::bf16);
+}

@@ -1,0 +1,234 @@
+// The gemm family's code for AVX-512 BF16 (vdpbf16ps), part 1: the packed bfloat16 GEMM
+// and the 16x16 register transpose both parts use. Part 2, kernels/gemm_avx512_bf16_nt.h,
+// has the products read straight from the weight layout and the bfloat16 entry point.
+// Included by isa_avx512.cc inside its namespace after kernels/families.h.
+#pragma once
+// (no includes here on purpose: see kernels/common.h)
+
+#if !defined(__AVX512BF16__)
+#error "kernels/gemm_avx512_bf16.h needs -mavx512bf16 (isa_avx512.cc only)"
+#endif
+
+// bfloat16 GEMM on AVX512-BF16: vdpbf16ps multiplies pairs of bf16 along K and accumulates
+// in float32, twice the rate of the float32 FMA path. Operands are packed as K-pairs:
+// A as one 32-bit (a[i,k], a[i,k+1]) word per row, B as 32 columns x one pair each.
+constexpr int kMRb = 12;
+constexpr int64_t kKCb = 1024;  // K per block (512 pairs): A micro-panel 24 KB, B panel 64 KB
+constexpr int64_t kNCb = 1024;
+
+// With `out` set (the whole K in one block) the tile is rounded and stored to the bf16
+// result directly, skipping the float accumulator's round trip.
+inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, const uint16_t* __restrict bp, float* __restrict c,
+                            int64_t ldc, int mr, int nr, bool first, bf16_t* __restrict out = nullptr, int64_t ldo = 0) {
+  __m512 acc0[kMRb], acc1[kMRb];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMRb; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < kp_count; ++kp) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + kp * 64);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + kp * 64 + 32);
+    const uint32_t* ak = ap + kp * kMRb;
+#pragma GCC unroll 16
+    for (int r = 0; r < kMRb; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ak[r]));
+      // the broadcast operand last, so it can fold into the instruction as {1to16}
+      acc0[r] = _mm512_dpbf16_ps(acc0[r], b0, av);
+      acc1[r] = _mm512_dpbf16_ps(acc1[r], b1, av);
+    }
+  }
+  if (out != nullptr) {
+    const __mmask16 m0 = static_cast<__mmask16>(nr >= 16 ? 0xffffu : (1u << nr) - 1u);
+    const __mmask16 m1 = static_cast<__mmask16>(nr >= 32 ? 0xffffu : nr <= 16 ? 0u : (1u << (nr - 16)) - 1u);
+    for (int r = 0; r < mr; ++r) {
+      bf16_t* row = out + r * ldo;
+      _mm256_mask_storeu_epi16(row, m0, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc0[r])));
+      _mm256_mask_storeu_epi16(row + 16, m1, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(acc1[r])));
+    }
+    return;
+  }
+  if (mr == kMRb && nr == 32) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kMRb; ++r) {
+      float* row = c + r * ldc;
+      if (first) {
+        _mm512_storeu_ps(row, acc0[r]);
+        _mm512_storeu_ps(row + 16, acc1[r]);
+      } else {
+        _mm512_storeu_ps(row, _mm512_add_ps(_mm512_loadu_ps(row), acc0[r]));
+        _mm512_storeu_ps(row + 16, _mm512_add_ps(_mm512_loadu_ps(row + 16), acc1[r]));
+      }
+    }
+    return;
+  }
+  alignas(64) float tile[kMRb * 32];
+  for (int r = 0; r < kMRb; ++r) {
+    _mm512_store_ps(tile + r * 32, acc0[r]);
+    _mm512_store_ps(tile + r * 32 + 16, acc1[r]);
+  }
+  for (int r = 0; r < mr; ++r)
+    for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
+}
+
+// In-register transpose of a 16x16 matrix of 32-bit words: v[r] lane c -> v[c] lane r.
+inline void transpose16x16_epi32(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // v[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+    v[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i u0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
+    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
+    t[4 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
+inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  if (k == 0) {
+    gemm<bf16_t>(g, threads);
+    return;
+  }
+  const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
+  // row blocks: at most 12 micro-tiles tall, at least two per thread, and a multiple of
+  // the thread count (11 blocks on 2 threads left one thread idle for a twelfth of the time)
+  const int64_t tiles = (m + kMRb - 1) / kMRb;
+  int64_t want_blocks = std::max<int64_t>((tiles + 11) / 12, 2 * threads);
+  want_blocks = std::min<int64_t>(tiles, (want_blocks + threads - 1) / threads * threads);
+  const int64_t mc = (tiles + want_blocks - 1) / want_blocks * kMRb;
+  const int64_t kcp_max = (std::min(kKCb, k) + 1) / 2;
+  uint16_t* bpack = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp_max * nc_max), 2));
+  float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
+  auto bits = [](const bf16_t* p, int64_t i) { return p[i].bits; };
+  for (int64_t bi = 0; bi < g.batch; ++bi) {
+    const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
+    const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
+    bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
+    for (int64_t jc = 0; jc < n; jc += kNCb) {
+      const int64_t nc = std::min(kNCb, n - jc);
+      const int64_t panels = (nc + 31) / 32;
+      for (int64_t pc = 0; pc < k; pc += kKCb) {
+        const int64_t kc = std::min(kKCb, k - pc), kcp = (kc + 1) / 2;
+        const bool first = pc == 0, last = pc + kc >= k;
+        tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
+          for (int64_t p = p0; p < p1; ++p) {
+            uint16_t* dst = bpack + p * kcp * 64;
+            const int64_t col0 = jc + p * 32;
+            const bool full = col0 + 32 <= jc + nc && kc % 2 == 0;
+            if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
+              const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+              const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
+                const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
+                _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+                _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+              }
+              continue;
+            }
+            if (full && g.b_row == 1) {
+              // columns of B contiguous along K (the NT layout): each K pair is one 32-bit
+              // word, so a panel is a transpose of 32-bit words: 16 columns x 16 pairs per
+              // 16x16 register transpose (a gather per pair was the bottleneck)
+              for (int h = 0; h < 2; ++h) {
+                const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
+                uint16_t* dh = dst + 32 * h;
+                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                  __m512i rows[16];
+                  for (int r = 0; r < 16; ++r) {
+                    // 32 row streams at once are more than the hardware prefetcher tracks
+                    if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
+                    rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
+                  }
+                  transpose16x16_epi32(rows);
+                  for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
+                }
+              }
+              continue;
+            }
+            for (int64_t j = 0; j < 32; ++j) {
+              const int64_t col = col0 + j;
+              const bool live = col < jc + nc;
+              const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                const int64_t kk = 2 * kp;
+                dst[kp * 64 + 2 * j] = live ? bits(src, kk * g.b_row) : 0;
+                dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? bits(src, (kk + 1) * g.b_row) : 0;
+              }
+            }
+          }
+        });
+        const int64_t mblocks = (m + mc - 1) / mc;
+        tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
+          uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(mc * kcp_max), 1));
+          for (int64_t blk = b0; blk < b1; ++blk) {
+            const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
+            for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+              uint32_t* dst = apack + ir * kcp;
+              if (g.a_col == 1 && kc % 2 == 0) {
+                // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs,
+                // 16 pairs x 12 rows (4 zero rows) per 16x16 register transpose
+                const int live = static_cast<int>(std::min<int64_t>(kMRb, m - (ic + ir)));
+                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                  __m512i rows[16];
+                  for (int r = 0; r < 16; ++r)
+                    rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (ic + ir + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
+                  transpose16x16_epi32(rows);
+                  for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
+                }
+                continue;
+              }
+              for (int r = 0; r < kMRb; ++r) {
+                const int64_t row = ic + ir + r;
+                if (row >= m) {
+                  for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
+                  continue;
+                }
+                const bf16_t* src = A + row * g.a_row + pc * g.a_col;
+                if (g.a_col == 1 && kc % 2 == 0) {
+                  for (int64_t kp = 0; kp < kcp; ++kp) std::memcpy(dst + kp * kMRb + r, src + 2 * kp, 4);
+                  continue;
+                }
+                for (int64_t kp = 0; kp < kcp; ++kp) {
+                  const int64_t kk = 2 * kp;
+                  const uint32_t lo = bits(src, kk * g.a_col);
+                  const uint32_t hi = kk + 1 < kc ? bits(src, (kk + 1) * g.a_col) : 0u;
+                  dst[kp * kMRb + r] = lo | (hi << 16);
+                }
+              }
+            }
+            for (int64_t p = 0; p < panels; ++p) {
+              const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
+              for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+                const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
+                micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
+                                first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
+              }
+            }
+            if (last && !first) {
+              for (int64_t i = ic; i < ic + mcur; ++i) {
+                const float* crow = cacc + i * nc_max;
+                bf16_t* drow = D + i * n + jc;
+                for (int64_t j = 0; j < nc; j += W) storec(drow + j, loadc(crow + j, nc - j), nc - j);
+              }
+            }
+          }
+        });
+      }
+    }
+  }
+}

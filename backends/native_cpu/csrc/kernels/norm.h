@@ -1,0 +1,121 @@
+// The norm family: RMSNorm, fused add + RMSNorm, LayerNorm over the last n elements of
+// each row, GroupNorm over [N, C, *spatial]. Included inside a per-ISA namespace by
+// kernels/families.h (after kernels/common.h); marshalling in bind/norm.cc.
+#pragma once
+// (no includes here on purpose: see kernels/common.h)
+
+template <class T>
+void rms_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
+      int64_t i = 0;
+      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(x + i), scale), S::load(w + i)));
+      if (i < n) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    }
+  });
+}
+
+template <class T>
+void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      const T* res = static_cast<const T*>(a.residual) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      T* rout = static_cast<T*>(a.residual_out) + r * n;
+      // the sum is rounded to T first: the norm is of the residual stream as stored
+      for (int64_t i = 0; i < n; i += W) storec(rout + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
+      const F scale = S::set1(1.f / std::sqrt(sum_squares(rout, n) / static_cast<float>(n) + a.eps));
+      int64_t i = 0;
+      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(rout + i), scale), S::load(w + i)));
+      if (i < n) storec(y + i, S::mul(S::mul(loadc(rout + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    }
+  });
+}
+
+template <class T>
+inline float centred_sum_squares(const T* x, int64_t n, float mean) {
+  const F m = S::set1(mean);
+  F a0 = S::zero(), a1 = S::zero();
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const F d0 = S::sub(S::load(x + i), m), d1 = S::sub(S::load(x + i + W), m);
+    a0 = S::fma(d0, d0, a0);
+    a1 = S::fma(d1, d1, a1);
+  }
+  for (; i < n; i += W) {
+    const F d = S::sub(loadc(x + i, n - i, mean), m);  // padding lanes hold the mean: d = 0
+    a0 = S::fma(d, d, a0);
+  }
+  return S::reduce_add(S::add(a0, a1));
+}
+
+template <class T>
+void layer_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+    const T* w = static_cast<const T*>(a.weight);
+    const T* b = static_cast<const T*>(a.bias);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = static_cast<const T*>(a.x) + r * n;
+      T* y = static_cast<T*>(a.out) + r * n;
+      const float mean = sum_run(x, n) / static_cast<float>(n);
+      const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
+      const F rstd = S::set1(1.f / std::sqrt(var + a.eps));
+      const F m = S::set1(mean);
+      int64_t i = 0;
+      for (; i + W <= n; i += W)
+        S::store(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
+      if (i < n) {
+        const int64_t c = n - i;
+        storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
+      }
+    }
+  });
+}
+
+template <class T>
+void group_norm(const tnc::GroupNormArgs& a, int threads) {
+  const int64_t per_group = a.channels / a.groups;
+  const int64_t block = per_group * a.spatial;
+  const int64_t s = a.spatial;
+  tnc::parallel_for(a.batch * a.groups, row_grain(block), threads, [&](int64_t i0, int64_t i1) {
+    for (int64_t item = i0; item < i1; ++item) {
+      const T* x = static_cast<const T*>(a.x) + item * block;
+      T* y = static_cast<T*>(a.out) + item * block;
+      const float mean = sum_run(x, block) / static_cast<float>(block);
+      const float var = centred_sum_squares(x, block, mean) / static_cast<float>(block);
+      const float rstd = 1.f / std::sqrt(var + a.eps);
+      const int64_t c0 = (item % a.groups) * per_group;
+      for (int64_t c = 0; c < per_group; ++c) {
+        float scale = rstd, shift = -mean * rstd;
+        if (a.weight != nullptr) {
+          const float wc = tnc::to_float(static_cast<const T*>(a.weight)[c0 + c]);
+          const float bc = tnc::to_float(static_cast<const T*>(a.bias)[c0 + c]);
+          scale = rstd * wc;
+          shift = bc - mean * scale;
+        }
+        const F vs = S::set1(scale), vb = S::set1(shift);
+        const T* xc = x + c * s;
+        T* yc = y + c * s;
+        for (int64_t i = 0; i < s; i += W) storec(yc + i, S::fma(loadc(xc + i, s - i), vs, vb), s - i);
+      }
+    }
+  });
+}
+
+inline void register_norm(tnc::KernelTable& t) {
+  for_each_float_type([&]<class T>(tnc::DType d) {
+    t.add<tnc::NormArgs>("rms_norm", d, rms_norm<T>);
+    t.add<tnc::NormArgs>("fused_add_rms_norm", d, fused_add_rms_norm<T>);
+    t.add<tnc::NormArgs>("layer_norm", d, layer_norm<T>);
+    t.add<tnc::GroupNormArgs>("group_norm", d, group_norm<T>);
+  });
+}
