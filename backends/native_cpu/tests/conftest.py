@@ -40,7 +40,16 @@ def close(actual: torch.Tensor, expected: torch.Tensor, scale: float = 1.0) -> N
     torch.testing.assert_close(actual.float(), expected.float(), atol=tol["atol"] * scale, rtol=tol["rtol"] * scale)
 
 
+def sdpa_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Grouped-query attention over [B, S, H, D] in float32, through torch's SDPA."""
+    group = q.shape[2] // k.shape[2]
+    qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
+    return torch.nn.functional.scaled_dot_product_attention(qf, kf, vf, is_causal=causal).transpose(1, 2)
+
+
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+HALVES = [torch.float16, torch.bfloat16]  # what the manifests allow RMSNorm, GEMM, Bmm and attention
 
 
 @pytest.fixture(autouse=True)

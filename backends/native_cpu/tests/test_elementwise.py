@@ -98,7 +98,7 @@ def test_out_of_place_activation_leaves_input_untouched():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(1, 2 * 37), (5, 256), (3, 2, 2 * 100)])
+@pytest.mark.parametrize("shape", [(1, 2 * 37), (5, 256), (3, 2 * 100)])
 def test_silu_and_mul_gates_the_second_half_with_the_first(dtype, shape):
     x = torch.randn(shape, dtype=dtype)
     gate, value = x.float().chunk(2, dim=-1)

@@ -36,14 +36,14 @@ struct UnaryKernel final : Kernel {
   }
 };
 
-// act(x[..., :n]) * x[..., n:] for x [..., 2n]
+// act(x[:, :n]) * x[:, n:] for x [M, 2n]
 struct GatedKernel final : Kernel {
   KernelFn<GatedArgs> run;
   PyObject* call(PyObject* const* args, Py_ssize_t nargs) override {
     if (!expect_args(*this, nargs, 1)) return nullptr;
     TensorView x;
     if (!read(*this, args[0], x, "x")) return nullptr;
-    if (x.ndim < 1 || x.shape[x.ndim - 1] % 2 != 0) return shape_error(*this, "the last dim of x must be even", x, "x");
+    if (x.ndim != 2 || x.shape[1] % 2 != 0) return shape_error(*this, "x must be [M, 2N]", x, "x");
     GatedArgs a{};
     a.x = x.data;
     a.n = x.shape[x.ndim - 1] / 2;

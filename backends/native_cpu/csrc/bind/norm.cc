@@ -18,7 +18,7 @@ const char* row_norm_kernel_name(RowNorm kind) {
   return "";
 }
 
-// Normalises the last n elements of x.
+// Normalises the last n elements of x (n = 0: x has no elements, the results neither).
 struct RowNormKernel final : Kernel {
   RowNorm kind;
   int64_t n;
@@ -32,7 +32,7 @@ struct RowNormKernel final : Kernel {
       return nullptr;
     if (want == 3 && !read(*this, args[2], third, kind == RowNorm::layer ? "bias" : "weight")) return nullptr;
     const TensorView& w = kind == RowNorm::fused_add_rms ? third : second;
-    if (x.ndim == 0 || n <= 0 || x.numel % n != 0)
+    if (x.ndim == 0 || (n == 0 ? x.numel != 0 : x.numel % n != 0))
       return shape_error(*this, "x must end in the normalized shape", x, "x");
     if (w.numel != n) return shape_error(*this, "weight must hold the normalized shape", w, "weight");
     if (kind == RowNorm::fused_add_rms && second.numel != x.numel)
@@ -40,7 +40,7 @@ struct RowNormKernel final : Kernel {
     if (kind == RowNorm::layer && third.numel != n) return shape_error(*this, "bias must hold the normalized shape", third, "bias");
     NormArgs a{};
     a.x = x.data;
-    a.rows = x.numel / n;
+    a.rows = n == 0 ? 0 : x.numel / n;
     a.n = n;
     a.eps = eps;
     a.weight = w.data;

@@ -335,26 +335,34 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
       }
     }
   });
-  // merge the splits of each (sequence, head)
+  // merge the splits of each (sequence, head): in a stack buffer, or for a head_dim above
+  // 1024 in the thread's scratch (free again once the region above is done)
+  auto merge = [&](int64_t hg, float* acc) {
+    const int64_t grp = hg / G, g = hg % G;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
+    float l = 0.f;
+    for (int64_t d = 0; d < Dp; ++d) acc[d] = 0.f;
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      const float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
+      if (part[1] == 0.f) continue;
+      const float w = std::exp(part[0] - m);
+      l += part[1] * w;
+      for (int64_t d = 0; d < Dp; ++d) acc[d] += part[2 + d] * w;
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+    T* dst = static_cast<T*>(a.o) + (b * a.heads + hkv * G + g) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
+  };
   tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {
     for (int64_t hg = h0; hg < h1; ++hg) {
-      const int64_t grp = hg / G, g = hg % G;
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
-      float acc[1024];
-      float l = 0.f;
-      for (int64_t d = 0; d < Dp; ++d) acc[d] = 0.f;
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        const float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
-        if (part[1] == 0.f) continue;
-        const float w = std::exp(part[0] - m);
-        l += part[1] * w;
-        for (int64_t d = 0; d < Dp; ++d) acc[d] += part[2 + d] * w;
+      if (Dp <= 1024) {
+        float acc[1024];
+        merge(hg, acc);
+      } else {
+        merge(hg, scratch(static_cast<size_t>(Dp), 0));
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
-      T* dst = static_cast<T*>(a.o) + (b * a.heads + hkv * G + g) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
     }
   });
 }

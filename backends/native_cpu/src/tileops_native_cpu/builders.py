@@ -4,8 +4,10 @@ This module does not import tileops: a builder only reads ``.device``, ``.dtype`
 ``.shape`` of each spec (``TensorSpec`` is duck-typed), so the builders can be tested and
 benchmarked without the op layer.
 
-Each builder validates what its kernel cannot serve (raising, never degrading), fixes the
-compile-time values (dtype, hidden size, head dim, group size, transposes, axes)
+A builder accepts exactly what the op's manifest (``src/tileops/manifest/*.yaml``) accepts:
+it refuses anything else with an error naming what was expected and what arrived (the op
+layer checks the manifest first, but tests and benchmarks call builders directly). It then
+fixes the compile-time values (dtype, hidden size, head dim, group size, transposes, axes)
 and returns a C++ kernel object whose ``__call__`` is a C++ type slot. Row counts, batch and
 sequence lengths are read from the tensors at call time, so kernels are kept in one LRU of
 specialisations keyed by the compile-time values only: the op layer calls a builder once
@@ -121,12 +123,16 @@ def _shape(spec: Any) -> tuple[int, ...]:
 
 
 def _inputs(op: str, dtypes: Sequence[torch.dtype], **specs: Any) -> torch.dtype:
-    """Checks the inputs as every manifest does: on the CPU, the first one's dtype among
-    ``dtypes``, the others (``same_as`` it) of that dtype. Absent optional inputs are None.
-    Returns the dtype."""
+    """Checks the inputs as every manifest does: on the CPU, at most MAX_DIMS dims (what the
+    kernels hold), the first one's dtype among ``dtypes``, the others (``same_as`` it) of
+    that dtype. Absent optional inputs are None. Returns the dtype."""
     for name, spec in specs.items():
-        if spec is not None and torch.device(spec.device).type != "cpu":
+        if spec is None:
+            continue
+        if torch.device(spec.device).type != "cpu":
             raise _fail(op, "runs on CPU tensors only", f"{name} on {spec.device}")
+        if len(spec.shape) > MAX_DIMS:
+            raise _fail(op, f"at most {MAX_DIMS} dims are supported", f"{name} of shape {_shape(spec)}")
     (first_name, first), *others = specs.items()
     if first.dtype not in dtypes:
         names = ", ".join(_dt(d) for d in dtypes)
@@ -165,10 +171,13 @@ def _broadcast(op: str, what: str, *specs: Any) -> None:
 def _normalized(op: str, x: Any, normalized_shape: Sequence[int], **affine: Any) -> int:
     """The hidden size; x must end in normalized_shape, and each of ``affine`` be shaped so."""
     ns = tuple(int(s) for s in normalized_shape)
-    if not ns or math.prod(ns) == 0:
-        raise _fail(op, "hidden size 0 is not supported", f"normalized_shape={ns}")
+    if not ns:
+        raise _fail(op, "normalized_shape must not be empty", f"normalized_shape={ns}")
     if _shape(x)[len(x.shape) - len(ns) :] != ns:
         raise _fail(op, f"x must end in normalized_shape={ns}", f"x of shape {_shape(x)}")
+    for name, spec in affine.items():
+        if _shape(spec) != ns:
+            raise _fail(op, f"{name} must have shape normalized_shape={ns}", f"{name} of shape {_shape(spec)}")
     return math.prod(ns)
 
 
@@ -193,9 +202,13 @@ def fused_add_rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
     def factory(op: str) -> Builder:
         def build(x: Any, residual: Any, weight: Any, *, eps: float) -> Any:
             _inputs(op, dtypes, x=x, residual=residual, weight=weight)
-            if len(x.shape) == 0 or x.shape[-1] == 0:
-                raise _fail(op, "hidden size 0 is not supported", f"x of shape {_shape(x)}")
+            if len(x.shape) < 1:
+                raise _fail(op, "x must have at least 1 dim", f"x of shape {_shape(x)}")
+            if _shape(residual) != _shape(x):
+                raise _fail(op, f"residual must have x's shape {_shape(x)}", f"residual of shape {_shape(residual)}")
             n = int(x.shape[-1])
+            if _shape(weight) != (n,):
+                raise _fail(op, f"weight must have shape ({n},)", f"weight of shape {_shape(weight)}")
             return _row_norm(op, "fused_add_rms", x, n, eps)
 
         return build
@@ -224,8 +237,14 @@ def group_norm(dtypes: Sequence[torch.dtype]) -> Factory:
             if len(x.shape) < 2:
                 raise _fail(op, "x must be [N, C, *spatial]", f"x of shape {_shape(x)}")
             c = int(x.shape[1])
+            for name, spec in (("weight", weight), ("bias", bias)):
+                if spec is not None and _shape(spec) != (c,):
+                    raise _fail(op, f"{name} must have shape (C,) = ({c},)", f"{name} of shape {_shape(spec)}")
             if num_groups <= 0 or c % num_groups != 0:
                 raise _fail(op, "channels must split evenly into num_groups", f"C={c}, num_groups={num_groups}")
+            if x.shape[0] * (c // num_groups) * math.prod(x.shape[2:]) == 1:
+                raise _fail(op, "a group must not hold exactly one value (N * C / num_groups * prod(spatial) != 1)",
+                            f"x of shape {_shape(x)}, num_groups={num_groups}")
             affine, groups, eps_ = weight is not None, int(num_groups), float(eps)
             return _kernel(op, (x.dtype, groups, eps_, affine),
                            f"{_dt(x.dtype)}, groups={groups}, affine={affine}, eps={eps_}",
@@ -271,9 +290,9 @@ def reduction(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
             for d in dims:
                 if not -rank <= d < rank:
                     raise _fail(op, f"every dim must lie in [{-rank}, {rank})", f"dim={dim} for x of shape {_shape(x)}")
+            if len({d % rank for d in dims}) != len(dims):
+                raise _fail(op, "dims must not repeat", f"dim={dim} for x of shape {_shape(x)}")
             axes = set(range(ndim)) if not dims else {d % rank for d in dims} if ndim else set()
-            if ndim > MAX_DIMS:
-                raise _fail(op, f"at most {MAX_DIMS} dims are supported", f"x of shape {_shape(x)}")
             if kind == "amax" and any(x.shape[a] == 0 for a in axes):
                 raise _fail(op, "amax over an empty axis has no value", f"x of shape {_shape(x)}, dim={dim}")
             mask = [a in axes for a in range(ndim)]
@@ -314,12 +333,14 @@ def gemm(dtypes: Sequence[torch.dtype]) -> Factory:
     return factory
 
 
-def bmm(dtypes: Sequence[torch.dtype]) -> Factory:
+def bmm(dtypes: Sequence[torch.dtype], *, k_multiple: int = 1) -> Factory:
     def factory(op: str) -> Builder:
         def build(a: Any, b: Any) -> Any:
             dtype = _inputs(op, dtypes, a=a, b=b)
             if len(a.shape) != 3 or len(b.shape) != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
                 raise _fail(op, "a must be [B, M, K] and b [B, K, N]", f"a of shape {_shape(a)}, b of shape {_shape(b)}")
+            if a.shape[2] % k_multiple:
+                raise _fail(op, f"K must be a multiple of {k_multiple}", f"K={a.shape[2]} from a of shape {_shape(a)}")
             return _gemm_kernel(op, dtype, True, False, False)
 
         return build
@@ -331,13 +352,24 @@ def bmm(dtypes: Sequence[torch.dtype]) -> Factory:
 # elementwise family (csrc/kernels/elementwise.h)
 
 
+def _representable(value: int | float, dtype: torch.dtype) -> bool:
+    if dtype == torch.bool:
+        return True
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
 def binary(kind: str, dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> Factory:
     """``kind`` a member of _C.BinaryOp; ``add`` takes ``alpha`` (out = input + alpha * other)."""
 
     def make(op: str, x: Any, y: Any, alpha: int | float) -> Any:
         dtype = _inputs(op, dtypes, input=x, other=y)
-        if dtype in INTEGRAL and float(alpha) != int(alpha):
-            raise _fail(op, f"alpha must be an integer for {_dt(dtype)} tensors", f"alpha={alpha!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise _fail(op, "alpha must be an int or a float", f"alpha={alpha!r}")
+        if not dtype.is_floating_point and not isinstance(alpha, int):
+            raise _fail(op, f"alpha must be an int for {_dt(dtype)} tensors", f"alpha={alpha!r}")
+        if not _representable(alpha, dtype):
+            raise _fail(op, f"alpha must be representable in {_dt(dtype)}", f"alpha={alpha!r}")
         _broadcast(op, "input and other", x, y)
         a = float(alpha)
         return _kernel(op, (dtype, a), f"{_dt(dtype)}" + (f", alpha={alpha}" if kind == "add" else ""),
@@ -393,14 +425,14 @@ def activation_by_approximate(kinds: dict[str, str], dtypes: Sequence[torch.dtyp
 
 
 def gated(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
-    """act(x[..., :N]) * x[..., N:] for x [..., 2N], ``kind`` a member of _C.Activation that the
+    """act(x[:, :N]) * x[:, N:] for x [M, 2N], ``kind`` a member of _C.Activation that the
     gated kernel is compiled for (``GatedActivations`` in csrc/kernels/elementwise.h)."""
 
     def factory(op: str) -> Builder:
         def build(x: Any) -> Any:
             _inputs(op, dtypes, x=x)
-            if len(x.shape) < 1 or x.shape[-1] % 2 != 0:
-                raise _fail(op, "the last dim of x must be even ([gate | value])", f"x of shape {_shape(x)}")
+            if len(x.shape) != 2 or x.shape[1] % 2 != 0:
+                raise _fail(op, "x must be [M, 2N] ([gate | value], 2-D with an even last dim)", f"x of shape {_shape(x)}")
             return _kernel(op, (x.dtype,), _dt(x.dtype),
                            lambda C, threads, d: C.gated(C.Activation[kind], native_dtype(x.dtype), threads, d))
 
@@ -473,13 +505,15 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
     """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate."""
 
     def factory(op: str) -> Builder:
-        def build(x: Any, position_ids: Any, *, max_position: int, base: float = 10000.0, rotary_dim: int | None = None) -> Any:
+        def build(x: Any, position_ids: Any, *, max_position: int, base: float = 10000.0, rotary_dim: int) -> Any:
             _inputs(op, dtypes, x=x)
             _inputs(op, (torch.int32, torch.int64), position_ids=position_ids)
             if len(x.shape) != 3:
                 raise _fail(op, "x must be [num_tokens, heads, head_dim]", f"x of shape {_shape(x)}")
-            head_dim, positions, base_ = int(x.shape[-1]), int(max_position), float(base)
-            rot = head_dim if rotary_dim is None else int(rotary_dim)
+            if _shape(position_ids) != (int(x.shape[0]),):
+                raise _fail(op, f"position_ids must have shape ({x.shape[0]},), one per token of x",
+                            f"position_ids of shape {_shape(position_ids)}")
+            head_dim, rot, positions, base_ = int(x.shape[-1]), int(rotary_dim), int(max_position), float(base)
             if rot <= 0 or rot % 2 or rot > head_dim:
                 raise _fail(op, "rotary_dim must be positive, even and at most head_dim",
                             f"rotary_dim={rot}, head_dim={head_dim}")
@@ -505,23 +539,24 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
 
 def attention(dtypes: Sequence[torch.dtype], *, decode: bool) -> Factory:
     """Prefill: q [B, S, H, D], k and v [B, S, Hkv, D] (``is_causal``); decode: q [B, H, D]
-    against a cache k and v [B, N, Hkv, D]. H must be a multiple of Hkv."""
+    against a cache k and v [B, N, Hkv, D] with N > 0. H must be a multiple of Hkv."""
 
     def make(op: str, q: Any, k: Any, v: Any, causal: bool) -> Any:
         dtype = _inputs(op, dtypes, q=q, k=k, v=v)
         want_q = 3 if decode else 4
-        if len(q.shape) != want_q or len(k.shape) != 4 or _shape(k) != _shape(v):
+        if len(q.shape) != want_q or len(k.shape) != 4 or _shape(k) != _shape(v) or k.shape[0] != q.shape[0]:
             layout = "q [B, H, D], k and v [B, N_kv, H_kv, D]" if decode else "q [B, S, H, D], k and v [B, S, H_kv, D]"
             raise _fail(op, f"expected {layout}", f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}")
         heads, head_dim, heads_kv = int(q.shape[-2]), int(q.shape[-1]), int(k.shape[2])
+        if k.shape[3] != head_dim:
+            raise _fail(op, "q, k and v must share head_dim", f"q head_dim={head_dim}, k head_dim={k.shape[3]}")
+        if decode and k.shape[1] == 0:
+            raise _fail(op, "the cache must hold at least one position", f"k of shape {_shape(k)}")
+        if not decode and k.shape[1] != q.shape[1]:
+            raise _fail(op, "k and v must have q's sequence length", f"q {_shape(q)}, k {_shape(k)}")
         if heads_kv == 0 or heads % heads_kv:
             raise _fail(op, "heads must be a multiple of kv heads", f"H={heads}, H_kv={heads_kv}")
-        if head_dim <= 0 or head_dim > 1024 or k.shape[3] != head_dim:
-            raise _fail(op, "head_dim must be in [1, 1024] and equal for q, k and v",
-                        f"q head_dim={head_dim}, k head_dim={k.shape[3]}")
         group = heads // heads_kv
-        if decode and group > 64:
-            raise _fail(op, "at most 64 query heads per kv head", f"H/H_kv={group}")
         return _kernel(op, (dtype, head_dim, group, causal),
                        f"{_dt(dtype)}, head_dim={head_dim}, group={group}" + ("" if decode else f", causal={causal}"),
                        lambda C, threads, d: C.attention(native_dtype(dtype), decode, causal, head_dim, group, threads, d))
@@ -546,8 +581,8 @@ def attention(dtypes: Sequence[torch.dtype], *, decode: bool) -> Factory:
 # the table: one line per op (its manifest's name -> a family's factory and what it fixes)
 
 _TABLE: dict[str, Factory] = {
-    "RMSNormFwdOp": rms_norm(FLOATS),
-    "FusedAddRMSNormFwdOp": fused_add_rms_norm(FLOATS),
+    "RMSNormFwdOp": rms_norm(HALVES),
+    "FusedAddRMSNormFwdOp": fused_add_rms_norm(HALVES),
     "LayerNormFwdOp": layer_norm(FLOATS),
     "GroupNormFwdOp": group_norm(FLOATS),
     "SoftmaxFwdOp": softmax(log=False),
@@ -555,8 +590,8 @@ _TABLE: dict[str, Factory] = {
     "SumFwdOp": reduction("sum"),
     "MeanFwdOp": reduction("mean"),
     "AmaxFwdOp": reduction("amax"),
-    "GemmFwdOp": gemm(FLOATS),
-    "BmmFwdOp": bmm(FLOATS),
+    "GemmFwdOp": gemm(HALVES),
+    "BmmFwdOp": bmm(HALVES, k_multiple=16),
     "AddFwdOp": binary("add"),
     "MulFwdOp": binary("mul"),
     "SiluFwdOp": activation("silu"),
@@ -566,8 +601,8 @@ _TABLE: dict[str, Factory] = {
     "ClampFwdOp": clamp(),
     "RopeNeoxFwdOp": rope_neox(),
     "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
-    "GroupedQueryAttentionFwdOp": attention(FLOATS, decode=False),
-    "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(FLOATS, decode=True),
+    "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
+    "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }
 
 
