@@ -38,9 +38,9 @@ def cases(entry: Any) -> list[tuple[str, dict, dict, torch.dtype]]:
     return out
 
 
-def verdict(call: Any) -> tuple[bool, BaseException | None]:
+def verdict(call: Any, *args: Any, **kwargs: Any) -> tuple[bool, BaseException | None]:
     try:
-        call()
+        call(*args, **kwargs)
         return True, None
     except (TypeError, ValueError, IndexError) as e:
         return False, e
@@ -52,16 +52,16 @@ def test_the_builder_accepts_exactly_the_workload_variants_its_manifest_accepts(
     disagreements = []
     for name, shapes, params, dtype in cases(entry):
         specs = entry.case_specs(shapes, dtype, device="cpu")
-        accepted, why = verdict(lambda: entry.check_inputs(specs, params))
+        accepted, why = verdict(entry.check_inputs, specs, params)
         if accepted:
-            built, error = verdict(lambda: build(*specs, **entry.call_params(specs, params)))
+            built, error = verdict(build, *specs, **entry.call_params(specs, params))
         else:
             try:  # defaults the manifest resolves (eps=None) as it would; the rest as given
                 resolved = entry.call_params(specs, params)
             except Exception:  # noqa: BLE001 (resolution may fail on inputs the manifest refuses)
                 resolved = {}
             given = {k: resolved.get(k, v) if v is None else v for k, v in params.items()}
-            built, error = verdict(lambda: build(*specs, **given))
+            built, error = verdict(build, *specs, **given)
             if not built and not str(error).startswith(f"{b.TARGET} "):
                 built = None  # it failed, but not by refusing
         if built is not accepted:
