@@ -1,0 +1,446 @@
+"""One builder factory per kernel family: ``factory(...)(op_name)`` is that op's
+``build_kernel``. A builder checks its inputs against the op's manifest (refusing with what
+was expected and what arrived), fixes the compile-time values and returns the kernel object
+of its specialisation. The kinds (``"rms"``, ``"sum"``, ``"silu"``, ...) are member names of
+the extension's enums (``_C.RowNorm``, ``_C.ReduceOp``, ``_C.Activation``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._runtime import (
+    ALL_DTYPES,
+    FLOATS,
+    check_broadcast,
+    check_inputs,
+    dtype_name,
+    fail,
+    native,
+    native_dtype,
+    native_lock,
+    shape_of,
+    specialisation,
+)
+
+Builder = Callable[..., Any]
+Factory = Callable[[str], Builder]  # op name -> the op's build_kernel
+
+
+# ---------------------------------------------------------------------------------------
+# norm family (csrc/kernels/norm.h)
+
+
+def _normalized(op: str, x: Any, normalized_shape: Sequence[int], **affine: Any) -> int:
+    """The hidden size; x must end in normalized_shape, and each of ``affine`` be shaped so."""
+    ns = tuple(int(s) for s in normalized_shape)
+    if not ns:
+        raise fail(op, "normalized_shape must not be empty", f"normalized_shape={ns}")
+    if shape_of(x)[len(x.shape) - len(ns) :] != ns:
+        raise fail(op, f"x must end in normalized_shape={ns}", f"x of shape {shape_of(x)}")
+    for name, spec in affine.items():
+        if shape_of(spec) != ns:
+            raise fail(op, f"{name} must have shape normalized_shape={ns}", f"{name} of shape {shape_of(spec)}")
+    return math.prod(ns)
+
+
+def _row_norm(op: str, kind: str, x: Any, n: int, eps: float) -> Any:
+    eps = float(eps)
+    return specialisation(op, (x.dtype, n, eps), f"{dtype_name(x.dtype)}, hidden={n}, eps={eps}",
+                          lambda C, threads, d: C.row_norm(C.RowNorm[kind], native_dtype(x.dtype), n, eps, threads, d))
+
+
+def rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, weight: Any, *, normalized_shape: Sequence[int], eps: float) -> Any:
+            check_inputs(op, dtypes, x=x, weight=weight)
+            return _row_norm(op, "rms", x, _normalized(op, x, normalized_shape, weight=weight), eps)
+
+        return build
+
+    return factory
+
+
+def fused_add_rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, residual: Any, weight: Any, *, eps: float) -> Any:
+            check_inputs(op, dtypes, x=x, residual=residual, weight=weight)
+            if len(x.shape) < 1:
+                raise fail(op, "x must have at least 1 dim", f"x of shape {shape_of(x)}")
+            if shape_of(residual) != shape_of(x):
+                raise fail(op, f"residual must have x's shape {shape_of(x)}", f"residual of shape {shape_of(residual)}")
+            n = int(x.shape[-1])
+            if shape_of(weight) != (n,):
+                raise fail(op, f"weight must have shape ({n},)", f"weight of shape {shape_of(weight)}")
+            return _row_norm(op, "fused_add_rms", x, n, eps)
+
+        return build
+
+    return factory
+
+
+def layer_norm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, weight: Any, bias: Any, *, normalized_shape: Sequence[int], eps: float) -> Any:
+            check_inputs(op, dtypes, x=x, weight=weight, bias=bias)
+            return _row_norm(op, "layer", x, _normalized(op, x, normalized_shape, weight=weight, bias=bias), eps)
+
+        return build
+
+    return factory
+
+
+def group_norm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, weight: Any, bias: Any, *, num_groups: int, eps: float) -> Any:
+            check_inputs(op, dtypes, x=x, weight=weight, bias=bias)
+            if (weight is None) != (bias is None):
+                raise fail(op, "weight and bias are given together or not at all",
+                           f"weight={'None' if weight is None else 'given'}, bias={'None' if bias is None else 'given'}")
+            if len(x.shape) < 2:
+                raise fail(op, "x must be [N, C, *spatial]", f"x of shape {shape_of(x)}")
+            c = int(x.shape[1])
+            for name, spec in (("weight", weight), ("bias", bias)):
+                if spec is not None and shape_of(spec) != (c,):
+                    raise fail(op, f"{name} must have shape (C,) = ({c},)", f"{name} of shape {shape_of(spec)}")
+            if num_groups <= 0 or c % num_groups != 0:
+                raise fail(op, "channels must split evenly into num_groups", f"C={c}, num_groups={num_groups}")
+            if x.shape[0] * (c // num_groups) * math.prod(x.shape[2:]) == 1:
+                raise fail(op, "a group must not hold exactly one value (N * C / num_groups * prod(spatial) != 1)",
+                           f"x of shape {shape_of(x)}, num_groups={num_groups}")
+            affine, groups, eps_ = weight is not None, int(num_groups), float(eps)
+            return specialisation(op, (x.dtype, groups, eps_, affine),
+                                  f"{dtype_name(x.dtype)}, groups={groups}, affine={affine}, eps={eps_}",
+                                  lambda C, threads, d: C.group_norm(native_dtype(x.dtype), groups, eps_, affine, threads, d))
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# softmax family (csrc/kernels/softmax.h)
+
+
+def softmax(*, log: bool, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, *, dim: int | None) -> Any:
+            check_inputs(op, dtypes, x=x)
+            ndim = len(x.shape)
+            axis = (0 if ndim in (0, 1, 3) else 1) if dim is None else dim
+            rank = max(ndim, 1)
+            if not -rank <= axis < rank:
+                raise fail(op, f"dim must lie in [{-rank}, {rank})", f"dim={dim} for x of shape {shape_of(x)}")
+            axis %= rank
+            return specialisation(op, (x.dtype, axis), f"{dtype_name(x.dtype)}, dim={axis}",
+                                  lambda C, threads, d: C.softmax(native_dtype(x.dtype), axis, log, threads, d))
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# reduction family (csrc/kernels/reduction.h)
+
+
+def reduction(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, *, dim: int | Sequence[int] | None, keepdim: bool) -> Any:
+            check_inputs(op, dtypes, x=x)
+            ndim, rank = len(x.shape), max(len(x.shape), 1)
+            dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
+            for d in dims:
+                if not -rank <= d < rank:
+                    raise fail(op, f"every dim must lie in [{-rank}, {rank})", f"dim={dim} for x of shape {shape_of(x)}")
+            if len({d % rank for d in dims}) != len(dims):
+                raise fail(op, "dims must not repeat", f"dim={dim} for x of shape {shape_of(x)}")
+            axes = set(range(ndim)) if not dims else {d % rank for d in dims} if ndim else set()
+            if kind == "amax" and any(x.shape[a] == 0 for a in axes):
+                raise fail(op, "amax over an empty axis has no value", f"x of shape {shape_of(x)}, dim={dim}")
+            mask = [a in axes for a in range(ndim)]
+            keep = bool(keepdim)
+            return specialisation(op, (x.dtype, tuple(mask), keep), f"{dtype_name(x.dtype)}, dim={sorted(axes)}, keepdim={keep}",
+                                  lambda C, threads, d: C.reduce(C.ReduceOp[kind], native_dtype(x.dtype), mask, keep, threads, d))
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# gemm family (csrc/kernels/gemm*.h)
+
+
+def _gemm_kernel(op: str, dtype: torch.dtype, batched: bool, trans_a: bool, trans_b: bool) -> Any:
+    describe = dtype_name(dtype) + ("" if batched else f", trans_a={trans_a}, trans_b={trans_b}")
+    return specialisation(op, (dtype, trans_a, trans_b), describe,
+                          lambda C, threads, d: C.gemm(native_dtype(dtype), batched, trans_a, trans_b, threads, d))
+
+
+def gemm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(a: Any, b: Any, *, trans_a: bool, trans_b: bool) -> Any:
+            dtype = check_inputs(op, dtypes, a=a, b=b)
+            if len(a.shape) != 2 or len(b.shape) != 2:
+                raise fail(op, "a and b must be 2-D", f"a of shape {shape_of(a)}, b of shape {shape_of(b)}")
+            k_a = a.shape[0] if trans_a else a.shape[1]
+            k_b = b.shape[1] if trans_b else b.shape[0]
+            if k_a != k_b:
+                raise fail(op, "a and b must share K", f"K={k_a} from a {shape_of(a)} (trans_a={trans_a}) "
+                           f"and K={k_b} from b {shape_of(b)} (trans_b={trans_b})")
+            return _gemm_kernel(op, dtype, False, bool(trans_a), bool(trans_b))
+
+        return build
+
+    return factory
+
+
+def bmm(dtypes: Sequence[torch.dtype], *, k_multiple: int = 1) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(a: Any, b: Any) -> Any:
+            dtype = check_inputs(op, dtypes, a=a, b=b)
+            if len(a.shape) != 3 or len(b.shape) != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+                raise fail(op, "a must be [B, M, K] and b [B, K, N]", f"a of shape {shape_of(a)}, b of shape {shape_of(b)}")
+            if a.shape[2] % k_multiple:
+                raise fail(op, f"K must be a multiple of {k_multiple}", f"K={a.shape[2]} from a of shape {shape_of(a)}")
+            return _gemm_kernel(op, dtype, True, False, False)
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# elementwise family (csrc/kernels/elementwise.h)
+
+
+def _representable(value: int | float, dtype: torch.dtype) -> bool:
+    if dtype == torch.bool:
+        return True
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
+def binary(kind: str, dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> Factory:
+    """``kind`` a member of _C.BinaryOp; ``add`` takes ``alpha`` (out = input + alpha * other)."""
+
+    def make(op: str, x: Any, y: Any, alpha: int | float) -> Any:
+        dtype = check_inputs(op, dtypes, input=x, other=y)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+            raise fail(op, "alpha must be an int or a float", f"alpha={alpha!r}")
+        if not dtype.is_floating_point and not isinstance(alpha, int):
+            raise fail(op, f"alpha must be an int for {dtype_name(dtype)} tensors", f"alpha={alpha!r}")
+        if not _representable(alpha, dtype):
+            raise fail(op, f"alpha must be representable in {dtype_name(dtype)}", f"alpha={alpha!r}")
+        check_broadcast(op, "input and other", x, y)
+        a = float(alpha)
+        return specialisation(op, (dtype, a), f"{dtype_name(dtype)}" + (f", alpha={alpha}" if kind == "add" else ""),
+                              lambda C, threads, d: C.binary(C.BinaryOp[kind], native_dtype(dtype), a, threads, d))
+
+    def factory(op: str) -> Builder:
+        if kind == "add":
+
+            def build_add(input: Any, other: Any, *, alpha: int | float = 1) -> Any:  # noqa: A002 (manifest name)
+                return make(op, input, other, alpha)
+
+            return build_add
+
+        def build(input: Any, other: Any) -> Any:  # noqa: A002
+            return make(op, input, other, 1)
+
+        return build
+
+    return factory
+
+
+def _unary_kernel(op: str, activation: str, x: Any, inplace: bool) -> Any:
+    return specialisation(op, (x.dtype, activation, inplace), f"{dtype_name(x.dtype)}, inplace={inplace}",
+                          lambda C, threads, d: C.unary(C.Activation[activation], native_dtype(x.dtype), inplace, threads, d))
+
+
+def activation(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """``kind`` a member of _C.Activation; the op takes ``inplace`` (writes ``input``)."""
+
+    def factory(op: str) -> Builder:
+        def build(input: Any, *, inplace: bool = False) -> Any:  # noqa: A002
+            check_inputs(op, dtypes, input=input)
+            return _unary_kernel(op, kind, input, bool(inplace))
+
+        return build
+
+    return factory
+
+
+def activation_by_approximate(kinds: dict[str, str], dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """An op whose ``approximate`` param picks the _C.Activation (GeluFwdOp)."""
+
+    def factory(op: str) -> Builder:
+        def build(input: Any, *, approximate: str = "none") -> Any:  # noqa: A002
+            check_inputs(op, dtypes, input=input)
+            if approximate not in kinds:
+                raise fail(op, f"approximate must be one of {sorted(kinds)}", f"approximate={approximate!r}")
+            return _unary_kernel(op, kinds[approximate], input, False)
+
+        return build
+
+    return factory
+
+
+def gated(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """act(x[:, :N]) * x[:, N:] for x [M, 2N], ``kind`` a member of _C.Activation that the
+    gated kernel is compiled for (``GatedActivations`` in csrc/kernels/elementwise.h)."""
+
+    def factory(op: str) -> Builder:
+        def build(x: Any) -> Any:
+            check_inputs(op, dtypes, x=x)
+            if len(x.shape) != 2 or x.shape[1] % 2 != 0:
+                raise fail(op, "x must be [M, 2N] ([gate | value], 2-D with an even last dim)", f"x of shape {shape_of(x)}")
+            return specialisation(op, (x.dtype,), dtype_name(x.dtype),
+                                  lambda C, threads, d: C.gated(C.Activation[kind], native_dtype(x.dtype), threads, d))
+
+        return build
+
+    return factory
+
+
+def clamp(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(input: Any, min: Any, max: Any) -> Any:  # noqa: A002
+            dtype = check_inputs(op, dtypes, input=input, min=min, max=max)
+            if min is None and max is None:
+                raise fail(op, "at least one of min and max must be given", "min=None, max=None")
+            check_broadcast(op, "input, min and max", input, min, max)
+            has_min, has_max = min is not None, max is not None
+            describe = f"{dtype_name(dtype)}, min={'tensor' if has_min else None}, max={'tensor' if has_max else None}"
+            return specialisation(op, (dtype, has_min, has_max), describe,
+                                  lambda C, threads, d: C.clamp(native_dtype(dtype), has_min, has_max, threads, d))
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# rope family (csrc/kernels/rope.h)
+
+
+def _rope_tables(positions: int, rotary_dim: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin [positions, rotary_dim/2], rounded through x's dtype like the op's tables."""
+    half = rotary_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), freqs)
+    return (angles.cos().to(dtype).float().contiguous(), angles.sin().to(dtype).float().contiguous())
+
+
+def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1."""
+    layouts = {"1d": ("sd", 2), "2d": ("bshd", 4)}
+
+    def factory(op: str) -> Builder:
+        def build(x: Any, *, layout: str = "1d", base: float = 10000.0) -> Any:
+            check_inputs(op, dtypes, x=x)
+            if layout not in layouts:
+                raise fail(op, "layout must be '1d' ([S, D]) or '2d' ([B, S, H, D])", f"layout={layout!r}")
+            member, ndim = layouts[layout]
+            if len(x.shape) != ndim:
+                raise fail(op, f"layout {layout!r} needs a {ndim}-D x", f"x of shape {shape_of(x)}")
+            head_dim = int(x.shape[-1])
+            if head_dim <= 0 or head_dim % 2:
+                raise fail(op, "head_dim must be positive and even", f"head_dim={head_dim}")
+            seq, base_ = int(x.shape[0] if layout == "1d" else x.shape[1]), float(base)
+            describe = f"{dtype_name(x.dtype)}, layout={layout}, head_dim={head_dim}, base={base}"
+            kernel = specialisation(
+                op, (x.dtype, layout, head_dim, base_), describe,
+                lambda C, threads, d: C.rope(C.RopeLayout[member], native_dtype(x.dtype), head_dim, head_dim, threads, d))
+            # The tables are prefixes of one another (positions 0..S-1): keep the longest so far.
+            with native_lock:
+                have = native().rope_positions(kernel)
+                if have < seq:
+                    native().set_rope_tables(kernel, *_rope_tables(max(seq, 2 * have), head_dim, base_, x.dtype))
+            return kernel
+
+        return build
+
+    return factory
+
+
+def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate."""
+
+    def factory(op: str) -> Builder:
+        def build(x: Any, position_ids: Any, *, max_position: int, base: float = 10000.0, rotary_dim: int) -> Any:
+            check_inputs(op, dtypes, x=x)
+            check_inputs(op, (torch.int32, torch.int64), position_ids=position_ids)
+            if len(x.shape) != 3:
+                raise fail(op, "x must be [num_tokens, heads, head_dim]", f"x of shape {shape_of(x)}")
+            if shape_of(position_ids) != (int(x.shape[0]),):
+                raise fail(op, f"position_ids must have shape ({x.shape[0]},), one per token of x",
+                           f"position_ids of shape {shape_of(position_ids)}")
+            head_dim, rot, positions, base_ = int(x.shape[-1]), int(rotary_dim), int(max_position), float(base)
+            if rot <= 0 or rot % 2 or rot > head_dim:
+                raise fail(op, "rotary_dim must be positive, even and at most head_dim",
+                           f"rotary_dim={rot}, head_dim={head_dim}")
+            if positions <= 0:
+                raise fail(op, "max_position must be positive", f"max_position={max_position}")
+
+            def make(C: Any, threads: int, d: str) -> Any:
+                kernel = C.rope(C.RopeLayout.thd_position_ids, native_dtype(x.dtype), head_dim, rot, threads, d)
+                C.set_rope_tables(kernel, *_rope_tables(positions, rot, base_, x.dtype))
+                return kernel
+
+            return specialisation(op, (x.dtype, head_dim, rot, positions, base_),
+                                  f"{dtype_name(x.dtype)}, head_dim={head_dim}, rotary_dim={rot}, max_position={positions}", make)
+
+        return build
+
+    return factory
+
+
+# ---------------------------------------------------------------------------------------
+# attention family (csrc/kernels/attention*.h)
+
+
+def attention(dtypes: Sequence[torch.dtype], *, decode: bool) -> Factory:
+    """Prefill: q [B, S, H, D], k and v [B, S, Hkv, D] (``is_causal``); decode: q [B, H, D]
+    against a cache k and v [B, N, Hkv, D] with N > 0. H must be a multiple of Hkv."""
+
+    def make(op: str, q: Any, k: Any, v: Any, causal: bool) -> Any:
+        dtype = check_inputs(op, dtypes, q=q, k=k, v=v)
+        want_q = 3 if decode else 4
+        if len(q.shape) != want_q or len(k.shape) != 4 or shape_of(k) != shape_of(v) or k.shape[0] != q.shape[0]:
+            layout = "q [B, H, D], k and v [B, N_kv, H_kv, D]" if decode else "q [B, S, H, D], k and v [B, S, H_kv, D]"
+            raise fail(op, f"expected {layout}", f"q {shape_of(q)}, k {shape_of(k)}, v {shape_of(v)}")
+        heads, head_dim, heads_kv = int(q.shape[-2]), int(q.shape[-1]), int(k.shape[2])
+        if k.shape[3] != head_dim:
+            raise fail(op, "q, k and v must share head_dim", f"q head_dim={head_dim}, k head_dim={k.shape[3]}")
+        if decode and k.shape[1] == 0:
+            raise fail(op, "the cache must hold at least one position", f"k of shape {shape_of(k)}")
+        if not decode and k.shape[1] != q.shape[1]:
+            raise fail(op, "k and v must have q's sequence length", f"q {shape_of(q)}, k {shape_of(k)}")
+        if heads_kv == 0 or heads % heads_kv:
+            raise fail(op, "heads must be a multiple of kv heads", f"H={heads}, H_kv={heads_kv}")
+        group = heads // heads_kv
+        describe = f"{dtype_name(dtype)}, head_dim={head_dim}, group={group}" + ("" if decode else f", causal={causal}")
+        return specialisation(op, (dtype, head_dim, group, causal), describe,
+                              lambda C, threads, d: C.attention(native_dtype(dtype), decode, causal, head_dim, group, threads, d))
+
+    def factory(op: str) -> Builder:
+        if decode:
+
+            def build_decode(q: Any, k: Any, v: Any) -> Any:
+                return make(op, q, k, v, False)
+
+            return build_decode
+
+        def build(q: Any, k: Any, v: Any, *, is_causal: bool = True) -> Any:
+            return make(op, q, k, v, bool(is_causal))
+
+        return build
+
+    return factory
+
