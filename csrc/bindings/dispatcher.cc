@@ -414,7 +414,7 @@ void bind_dispatcher(nb::module_& m) {
           auto* api = static_cast<const dlpack::ExchangeApi*>(
               PyCapsule_GetPointer(exchange_capsule.ptr(), "dlpack_exchange_api"));
           if (api == nullptr) throw nb::python_error();
-          // Major version 1 is the layout declared in dlpack_view.h.
+          // Major version 1 is the layout declared in dlpack_abi.h.
           if (api->header.version.major == 1 && api->dltensor_from_py_object_no_sync != nullptr) {
             g_torch.exchange = api;
           }
