@@ -832,7 +832,7 @@ def test_cpu_scaling_keeps_divisibility_and_the_links_between_dims() -> None:
 
 
 def test_workload_cases_rejects_an_unknown_scale() -> None:
-    with pytest.raises(ValueError, match="'cpu' or 'full'"):
+    with pytest.raises(ValueError, match="'cpu', 'tiny' or 'full'"):
         manifest.entry("ReluFwdOp").workload_cases("gpu")
 
 
