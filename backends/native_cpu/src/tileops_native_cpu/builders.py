@@ -76,6 +76,7 @@ _TABLE: dict[str, Factory] = {
     "GeluFwdOp": activation_by_approximate({"none": "gelu", "tanh": "gelu_tanh"}),
     "ReluFwdOp": activation("relu"),
     "SiluAndMulFwdOp": gated("silu"),
+    "GeluTanhAndMulFwdOp": gated("gelu_tanh"),
     "ClampFwdOp": clamp(),
     "RopeNeoxFwdOp": rope_neox(),
     "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
