@@ -20,11 +20,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from tileops.backend import registered_targets
 
 GROUP = "tileops.backends"
 
@@ -200,6 +203,31 @@ F16 = torch.float16
 N = 64  # RMSNormFwdOp's normalized_shape in these tests
 
 CUDA_ONLY_ON_CPU = "RMSNormKernel is a CUDA kernel; got x on cpu and weight on cpu."
+
+
+# ---- backend bodies and discovery -----------------------------------------------------
+
+
+def good(target: str) -> str:
+    """A backend body registering ``target`` (claims nothing) with an RMSNorm builder."""
+    return textwrap.dedent(f"""
+    import torch
+
+    register_detector({target!r}, lambda device: False)
+
+    def build_rms_norm(x, weight, *, normalized_shape, eps):
+        return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)
+
+    register_kernel_builder("RMSNormFwdOp", {target!r}, build_rms_norm)
+    """)
+
+
+def discover() -> list[warnings.WarningMessage]:
+    """Run discovery (through a registry read) and return the warnings it issued."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        registered_targets()
+    return list(caught)
 
 
 def rms_inputs(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

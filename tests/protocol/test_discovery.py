@@ -6,12 +6,10 @@ B9) are tested in tests/reliability/test_broken_backends.py."""
 from __future__ import annotations
 
 import importlib.metadata
-import textwrap
 import threading
-import warnings
 
 import pytest
-from _fake_backends import rms_inputs, rms_op
+from _fake_backends import discover, good, rms_inputs, rms_op
 
 from tileops.backend import (
     UnknownTargetError,
@@ -25,28 +23,6 @@ from tileops.backend import (
 CLAIMS_CPU = """
 register_detector({target!r}, lambda device: device.type == "cpu")
 """
-
-
-def good(target: str) -> str:
-    """A backend body registering ``target`` (claims nothing) with an RMSNorm builder."""
-    return textwrap.dedent(f"""
-    import torch
-
-    register_detector({target!r}, lambda device: False)
-
-    def build_rms_norm(x, weight, *, normalized_shape, eps):
-        return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)
-
-    register_kernel_builder("RMSNormFwdOp", {target!r}, build_rms_norm)
-    """)
-
-
-def discover() -> list[warnings.WarningMessage]:
-    """Run discovery (through a registry read) and return the warnings it issued."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        registered_targets()
-    return list(caught)
 
 
 # ---- B1 ------------------------------------------------------------------------------

@@ -12,12 +12,19 @@ error's text and notes), and nothing half-done stays behind.
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 
 import pytest
 import torch
-from _fake_backends import cpu_in_tree, rms_builder, rms_inputs, rms_op, run_fresh
+from _fake_backends import (
+    cpu_in_tree,
+    discover,
+    good,
+    rms_builder,
+    rms_inputs,
+    rms_op,
+    run_fresh,
+)
 
 from tileops.backend import (
     BUILTIN,
@@ -48,34 +55,12 @@ HEALTHY = """
 """
 
 
-def good(target: str) -> str:
-    """A backend body registering ``target`` (claims nothing) with an RMSNorm builder."""
-    return textwrap.dedent(f"""
-    import torch
-
-    register_detector({target!r}, lambda device: False)
-
-    def build_rms_norm(x, weight, *, normalized_shape, eps):
-        return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)
-
-    register_kernel_builder("RMSNormFwdOp", {target!r}, build_rms_norm)
-    """)
-
-
 def x() -> torch.Tensor:
     return torch.randn(3, 5)
 
 
 def notes(error: BaseException) -> list[str]:
     return list(getattr(error, "__notes__", []))
-
-
-def discover() -> list[warnings.WarningMessage]:
-    """Run discovery (through a registry read) and return the warnings it issued."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        registered_targets()
-    return list(caught)
 
 
 # ---- B4: an import that fails --------------------------------------------------------
