@@ -5,13 +5,13 @@
 #   tools/sanitize.sh            # every step: engine, python, tsan
 #   tools/sanitize.sh engine     # GoogleTest suite, ASan+UBSan (build/asan), ctest
 #   tools/sanitize.sh python     # tileops._C and tileops_native_cpu built with ASan+UBSan
-#                                # into .venv-asan; tests/oplayer, tests/reliability and
-#                                # backends/native_cpu/tests run under it
+#                                # into throwaway overlays; tests/oplayer,
+#                                # tests/reliability and backends/native_cpu/tests run there
 #   tools/sanitize.sh tsan       # KernelCacheTest.* under ThreadSanitizer (build/tsan)
 #
 # Nothing here touches the project's .venv: the sanitized extensions live in their own
-# build folders and in .venv-asan, a light environment that sees the base venv's packages
-# (torch, pytest, hypothesis, build tools) but not its tileops install.
+# build folders and in throwaway overlays that see the base venv's packages (torch,
+# pytest, hypothesis, build tools) but not its tileops install.
 #
 # Any sanitizer report fails the step (halt_on_error / -fno-sanitize-recover). Leak
 # detection is on for the pure C++ engine tests and off for the Python suite: CPython and
@@ -22,7 +22,6 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 base=${BASE_VENV:-.venv}
-asan_venv=${ASAN_VENV:-.venv-asan}
 cmake="$root/$base/bin/cmake"
 ctest="$root/$base/bin/ctest"
 ninja="$root/$base/bin/ninja"
@@ -67,30 +66,26 @@ step_engine() {
 
 site_of() { "$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 
-# .venv-asan: a venv of its own whose site-packages lists the base venv's site-packages as
-# a plain path entry, so the base's packages are importable but its .pth files (the
-# editable hook mapping tileops._C to the unsanitized build) never run; tileops is
-# installed into it from build/asan-py. Like the base venv it holds no backend (the op
-# layer's tests expect none installed). .venv-asan-native adds the native_cpu backend on
-# top of it (addsitedir, so .venv-asan's own hooks run), built with the same flags.
-asan_venv_make() {
-  local native_venv="$asan_venv-native"
-  [ -x "$asan_venv/bin/python" ] || python3 -m venv --without-pip "$asan_venv"
-  (cd "$(site_of "$base")" && pwd) > "$(site_of "$asan_venv")/_tileops_asan_base.pth"
-  "$asan_venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e . \
-    -C build-dir=build/asan-py -C cmake.build-type=RelWithDebInfo \
-    -C cmake.define.TILEOPS_SANITIZE=ON -C "cmake.define.CMAKE_MAKE_PROGRAM=$ninja"
+# Two throwaway overlays (tools/overlay_venv.sh), removed when the job ends; the builds
+# stay in build/asan-py folders, so a rerun only recompiles what changed:
+# - asan: the base venv's packages as a plain path (so the base's editable hook mapping
+#   tileops._C to the unsanitized build never runs) and tileops installed from
+#   build/asan-py. Like the base venv it holds no backend (the op layer's tests expect
+#   none installed).
+# - asan-native: asan plus the native_cpu backend, built with the same flags.
+asan_venvs=$(mktemp -d "${TMPDIR:-/tmp}/tileops-asan.XXXXXX")
+trap 'rm -rf "$asan_venvs"' EXIT
+asan_venv=$asan_venvs/asan
 
-  [ -x "$native_venv/bin/python" ] || python3 -m venv --without-pip "$native_venv"
-  echo "import site; site.addsitedir('$(cd "$(site_of "$asan_venv")" && pwd)')" \
-    > "$(site_of "$native_venv")/_tileops_asan_base.pth"
-  (cd backends/native_cpu && "$root/$native_venv/bin/python" -m pip install -q \
-    --no-build-isolation --no-deps -e . -C build-dir=build/asan-py \
-    -C cmake.build-type=RelWithDebInfo \
-    -C "cmake.define.CMAKE_CXX_FLAGS=$sanitize_flags" \
-    -C "cmake.define.CMAKE_MODULE_LINKER_FLAGS=-fsanitize=address,undefined" \
-    -C "cmake.define.CMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined" \
-    -C "cmake.define.CMAKE_MAKE_PROGRAM=$ninja")
+asan_venv_make() {
+  BASE_VENV="$base" BASE_PLAIN=1 SKBUILD_BUILD_DIR=build/asan-py \
+    SKBUILD_CMAKE_BUILD_TYPE=RelWithDebInfo \
+    SKBUILD_CMAKE_ARGS="-DTILEOPS_SANITIZE=ON;-DCMAKE_MAKE_PROGRAM=$ninja" \
+    tools/overlay_venv.sh "$asan_venv" .
+  BASE_VENV="$asan_venv" SKBUILD_BUILD_DIR=build/asan-py \
+    SKBUILD_CMAKE_BUILD_TYPE=RelWithDebInfo \
+    SKBUILD_CMAKE_ARGS="-DCMAKE_CXX_FLAGS=$sanitize_flags;-DCMAKE_MODULE_LINKER_FLAGS=-fsanitize=address,undefined;-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined;-DCMAKE_MAKE_PROGRAM=$ninja" \
+    tools/overlay_venv.sh "$asan_venv-native" backends/native_cpu
 }
 
 reports="$root/build/asan-py/reports"
@@ -118,7 +113,7 @@ asan_python() {  # asan_python <venv> <pytest args...>, from the current directo
   local venv=$1 status=0
   shift
   rm -rf "$reports" && mkdir -p "$reports"
-  asan_run "$root/$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+  asan_run "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
   no_reports
   return $status
 }
@@ -145,7 +140,7 @@ for name in ("tileops._C", "tileops_native_cpu._C"):
 }
 
 step_python() {
-  timed "python: ASan+UBSan builds into $asan_venv" asan_venv_make
+  timed "python: ASan+UBSan builds (build/asan-py)" asan_venv_make
   asan_check_build
   timed "python: tests/oplayer + tests/reliability under ASan+UBSan" \
     asan_python "$asan_venv" tests/oplayer tests/reliability
