@@ -237,3 +237,21 @@ def test_the_guides_load_failure_texts_are_what_tileops_prints(guide_venv, tmp_p
     assert targets == ["mini_cpu"]
     assert [" ".join(w.split()) for w in warned] == [quoted["load-failure-warning"]]
     assert failures == [quoted["load-failure-line"]]
+
+
+CITED = re.compile(r"`?([\w/]*test_\w+\.py)::(test_\w+)")
+
+
+def test_every_test_the_docs_cite_exists():
+    """docs/*.md name the tests behind their promises (file.py::test_name)."""
+    root = GUIDE.parents[1]
+    cited = [
+        (doc.name, file, name)
+        for doc in sorted((root / "docs").glob("*.md"))
+        for file, name in CITED.findall(doc.read_text())
+    ]
+    assert cited
+    suites = [root / "tests", root / "backends"]
+    for doc, file, name in cited:
+        found = [p for suite in suites for p in suite.rglob(Path(file).name)]
+        assert any(f"def {name}(" in p.read_text() for p in found), (doc, file, name)
