@@ -43,7 +43,8 @@ print(json.dumps(report))
 def both_backends(tmp_path_factory) -> Path:
     """What `make demo` makes: the base venv plus both CPU backends (its python)."""
     root = tmp_path_factory.mktemp("both")
-    return make_overlay(root / "venv-both", REPO / "backends" / "example", REPO / "backends" / "native_cpu")
+    backends = REPO / "backends"
+    return make_overlay(root / "venv-both", backends / "example", backends / "native_cpu")
 
 
 def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:

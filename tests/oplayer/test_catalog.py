@@ -9,7 +9,7 @@ import pytest
 
 import tileops.ops
 from tileops import manifest
-from tileops.ops import ALL_OPS, Op
+from tileops.ops import ALL_OPS
 
 ENTRIES = manifest.all_entries()
 
@@ -75,9 +75,7 @@ def test_forward_takes_the_manifest_inputs_with_optional_ones_defaulting_to_none
         assert (p.default is None) if decl.optional else (p.default is inspect.Parameter.empty)
 
 
-@pytest.mark.parametrize(
-    "cls", [c for c in ALL_OPS if not c._extra_args], ids=lambda c: c.__name__
-)
+@pytest.mark.parametrize("cls", [c for c in ALL_OPS if not c._extra_args], ids=lambda c: c.__name__)
 def test_the_constructor_takes_the_manifest_params_then_target_kernel_map_and_tune(cls):
     entry = ENTRIES[cls.__name__]
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]

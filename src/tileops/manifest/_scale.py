@@ -33,6 +33,7 @@ class OpEntry(Protocol):
         self, specs: Sequence[object | None], params: Mapping[str, Any]
     ) -> list[tuple[torch.dtype, Shape]]: ...
 
+
 BUDGET = 1 << 21  # elements per tensor (inputs and outputs)
 _FLOOR = 16  # never halve a dim below this: keeps tiles, K % 16 and head groups sensible
 # "tiny": a few hundred elements, for tests that run thousands of calls (hostile inputs).

@@ -50,9 +50,7 @@ def _generate(entry: manifest.OpEntry, home: str) -> type[Op]:
 
 
 def _doc(entry: manifest.OpEntry) -> str:
-    params = ", ".join(
-        p.name if p.required else f"{p.name}={p.default!r}" for p in entry.params
-    )
+    params = ", ".join(p.name if p.required else f"{p.name}={p.default!r}" for p in entry.params)
     inputs = ", ".join(f"{i.name}=None" if i.optional else i.name for i in entry.inputs)
     reference = entry.ref_api or "written out in tileops.testing.references"
     lines = [
