@@ -1,7 +1,7 @@
 """A Llama-style decoder step on the CPU: tileops (target native_cpu) vs torch eager.
 
-    .venv-native/bin/python benchmarks/decoder_step.py              # ~30 s on 2 cores
-    .venv-native/bin/python benchmarks/decoder_step.py --rounds 9 --steps 64 --threads 1
+    .venv-demo/bin/python benchmarks/decoder_step.py              # ~30 s on 2 cores
+    .venv-demo/bin/python benchmarks/decoder_step.py --rounds 9 --steps 64 --threads 1
 
 Runs ``examples/llama_step.py`` (imported by path): ``TileopsDecoder`` built from tileops
 ops with ``set_default_target("native_cpu")`` and ``EagerDecoder`` in plain torch eager,

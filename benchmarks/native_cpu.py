@@ -1,7 +1,7 @@
 """native_cpu kernels vs torch eager and torch.compile (inductor), side by side.
 
-    .venv-native/bin/python benchmarks/native_cpu.py            # every op, ~3 minutes on 2 cores
-    .venv-native/bin/python benchmarks/native_cpu.py --no-compile --only RMSNorm,Softmax
+    .venv-demo/bin/python benchmarks/native_cpu.py            # every op, ~3 minutes on 2 cores
+    .venv-demo/bin/python benchmarks/native_cpu.py --no-compile --only RMSNorm,Softmax
 
 Each case is timed as: eager, compiled, native, interleaved over several rounds; a sample is
 the mean of enough calls to last ~15 ms, and the reported time is the median sample.
