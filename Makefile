@@ -10,7 +10,7 @@ CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pypro
 
 setup: $(VENV)/.tileops-installed
 
-$(VENV)/.base:
+$(VENV)/.base: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch==2.13.0 is the CPU build this machine keeps on disk; pin it first so that
 	# nothing later resolves a different (CUDA) torch.
@@ -46,14 +46,18 @@ test-cpp: setup gtest
 	$(VENV)/bin/cmake --build build/cpp
 	cd build/cpp && ../../$(VENV)/bin/ctest --output-on-failure
 
+# Every core, one test file per worker (module-scoped fixtures, such as the overlay venvs
+# some files build, stay in one process).
+PYTEST := -m pytest -q -n auto --dist loadfile
+
 test-py: setup
-	$(PY) -m pytest -q tests
+	$(PY) $(PYTEST) tests
 
 # The native C++ backend's own suite, where it is the only backend installed (a
 # throwaway overlay: tools/overlay_venv.sh --run; its build stays in backends/native_cpu/build).
 test-native: setup
 	tools/overlay_venv.sh --run backends/native_cpu -- \
-	  sh -c 'cd backends/native_cpu && python -m pytest -q tests'
+	  sh -c 'cd backends/native_cpu && python $(PYTEST) tests'
 
 # Everything: C++ unit tests, the Python suite, the native backend's suite, and the
 # sanitizer job (about 5.5-8.5 minutes of the total on 2 cores; see docs/reliability.md).

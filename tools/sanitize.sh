@@ -113,7 +113,8 @@ asan_python() {  # asan_python <venv> <pytest args...>, from the current directo
   local venv=$1 status=0
   shift
   rm -rf "$reports" && mkdir -p "$reports"
-  asan_run "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+  asan_run "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile "$@" \
+    || status=$?
   no_reports
   return $status
 }
