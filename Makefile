@@ -47,7 +47,8 @@ test-cpp: setup gtest
 	cd build/cpp && ../../$(VENV)/bin/ctest --output-on-failure
 
 # Every core, one test file per worker (module-scoped fixtures, such as the overlay venvs
-# some files build, stay in one process).
+# some files build, stay in one process). The native suite runs alone: its kernels use
+# every core themselves, and two workers made it slower (44 s against 29 s).
 PYTEST := -m pytest -q -n auto --dist loadfile
 
 test-py: setup
@@ -57,7 +58,7 @@ test-py: setup
 # throwaway overlay: tools/overlay_venv.sh --run; its build stays in backends/native_cpu/build).
 test-native: setup
 	tools/overlay_venv.sh --run backends/native_cpu -- \
-	  sh -c 'cd backends/native_cpu && python $(PYTEST) tests'
+	  sh -c 'cd backends/native_cpu && python -m pytest -q tests'
 
 # Everything: C++ unit tests, the Python suite, the native backend's suite, and the
 # sanitizer job (about 5.5-8.5 minutes of the total on 2 cores; see docs/reliability.md).
