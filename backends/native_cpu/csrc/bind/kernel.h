@@ -79,6 +79,7 @@ void bind_elementwise(nb::module_& m);
 void bind_gemm(nb::module_& m);
 void bind_norm(nb::module_& m);
 void bind_reduction(nb::module_& m);
+void bind_probe(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_softmax(nb::module_& m);
 

@@ -19,6 +19,7 @@
 #include "kernels/elementwise_args.h"
 #include "kernels/gemm_args.h"
 #include "kernels/norm_args.h"
+#include "kernels/probe_args.h"
 #include "kernels/reduction_args.h"
 #include "kernels/rope_args.h"
 #include "kernels/softmax_args.h"

@@ -1,0 +1,420 @@
+"""native_cpu latency: the distribution of single calls, in several fresh processes.
+
+    .venv-demo/bin/python benchmarks/native_latency.py                # 3 processes, ~3 minutes on 2 cores
+    .venv-demo/bin/python benchmarks/native_latency.py --procs 5 --calls 61 --only RMSNorm,SiluAndMul
+
+Best-of-N hides what a decode loop pays: one stalled call costs more than the kernels save.
+So each case is called --calls times, each call timed alone, tileops and torch eager
+alternating call by call, in --procs fresh processes (each builds its kernels and warms up
+on its own). Reported per process: median, p90 and max of both. The last case is a mixed
+loop: a decoder layer as transformers runs it with tileops' norms, RoPE and gated MLP
+between torch's linears and attention, against the same layer in plain eager.
+
+Targets, checked in one run:
+  tail       in every process, every case's p90 <= 1.5x its median
+  stability  across processes, the slowest process's median <= 1.3x the fastest's
+  memory     memory-bound cases (every tensor beyond the 32 MiB L3) reach >= 85% of the
+             machine's read+write bandwidth (the better of the copy probes)
+  gemm       >= 90% of the machine's bfloat16 peak (vdpbf16ps throughput probe)
+  gemv       decode GEMVs stream their weights at >= 85% of the read probe
+  silu_mul   SiluAndMul 2048x8192 >= 3x torch eager by median
+The probes (tileops_native_cpu._C.probe_*) run on threads of their own, in the parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tileops_native_cpu import builders as nb
+
+TAIL, STABLE, MEM_SHARE, GEMM_SHARE, GEMV_SHARE, SILU_MUL_X = 1.5, 1.3, 0.85, 0.90, 0.85, 3.0
+BF = torch.bfloat16
+EB = 2  # bytes per bfloat16 element
+
+
+class _Spec:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.device, self.dtype, self.shape = t.device, t.dtype, tuple(t.shape)
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "memory" | "gemm" | "gemv" | "mixed" | "small"
+    ours: Callable[[], Any]
+    eager: Callable[[], Any]
+    bytes: float = 0.0
+    flops: float = 0.0
+    min_x_eager: float = 0.0
+    keep: list[Any] = field(default_factory=list)
+
+
+def build(builder, inputs, **params):
+    return builder(*(_Spec(t) for t in inputs), **params)
+
+
+def rotating(make: Callable[[int], tuple[Any, ...]], copies: int) -> Callable[[], tuple[Any, ...]]:
+    """Cycles through `copies` input sets, so a case whose inputs would fit in the L3 reads
+    them from memory, as a model does that has many layers of them."""
+    sets = [make(i) for i in range(copies)]
+    state = {"i": 0}
+
+    def nxt():
+        state["i"] = (state["i"] + 1) % copies
+        return sets[state["i"]]
+
+    return nxt
+
+
+def memory_cases() -> list[Case]:
+    r = torch.randn
+    out: list[Case] = []
+    M, N = 8192, 4096  # 64 MiB per bfloat16 tensor: twice the L3
+    x, res, w, b = r(M, N, dtype=BF), r(M, N, dtype=BF), r(N, dtype=BF), r(N, dtype=BF)
+    k = build(nb.build_rms_norm, [x, w], normalized_shape=(N,), eps=1e-6)
+    out.append(Case(f"RMSNorm [{M},{N}]", "memory", lambda: k(x, w), lambda: F.rms_norm(x, (N,), w, 1e-6),
+                    bytes=2 * M * N * EB))
+    kf = build(nb.build_fused_add_rms_norm, [x, res, w], eps=1e-6)
+
+    def fused_eager():
+        s = x + res
+        return F.rms_norm(s, (N,), w, 1e-6), s
+
+    out.append(Case(f"FusedAddRMSNorm [{M},{N}]", "memory", lambda: kf(x, res, w), fused_eager, bytes=4 * M * N * EB))
+    kl = build(nb.build_layer_norm, [x, w, b], normalized_shape=(N,), eps=1e-5)
+    out.append(Case(f"LayerNorm [{M},{N}]", "memory", lambda: kl(x, w, b), lambda: F.layer_norm(x, (N,), w, b, 1e-5),
+                    bytes=2 * M * N * EB))
+    ks = build(nb.build_softmax, [x], dim=-1)
+    out.append(Case(f"Softmax [{M},{N}]", "memory", lambda: ks(x), lambda: torch.softmax(x, -1), bytes=2 * M * N * EB))
+    ka = build(nb.build_add, [x, res], alpha=1)
+    out.append(Case(f"Add [{M},{N}]", "memory", lambda: ka(x, res), lambda: x + res, bytes=3 * M * N * EB))
+    kt = build(nb.build_silu, [x], inplace=False)
+    out.append(Case(f"Silu [{M},{N}]", "memory", lambda: kt(x), lambda: F.silu(x), bytes=2 * M * N * EB))
+    xg = r(2048, 8192, dtype=BF)
+    kg = build(nb.build_silu_and_mul, [xg])
+
+    def silu_mul_eager():
+        gate, value = xg.chunk(2, -1)
+        return F.silu(gate) * value
+
+    out.append(Case("SiluAndMul [2048,8192]", "memory", lambda: kg(xg), silu_mul_eager, bytes=3 * 2048 * 4096 * EB,
+                    min_x_eager=SILU_MUL_X))
+    xb = r(8192, 16384, dtype=BF)  # 256 MiB in, 128 MiB out
+    kb = build(nb.build_silu_and_mul, [xb])
+
+    def silu_mul_big_eager():
+        gate, value = xb.chunk(2, -1)
+        return F.silu(gate) * value
+
+    out.append(Case("SiluAndMul [8192,16384]", "memory", lambda: kb(xb), silu_mul_big_eager, bytes=3 * 8192 * 8192 * EB))
+    xr = r(8192, 32, 128, dtype=BF)
+    pos = torch.randint(0, 8192, (8192,))
+    kr = build(nb.build_rope_neox_position_ids, [xr, pos], max_position=8192, base=10000.0, rotary_dim=128)
+    half = 64
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.outer(torch.arange(8192, dtype=torch.float32), freqs)
+    cos, sin = ang.cos().to(BF), ang.sin().to(BF)
+
+    def rope_eager():
+        c, s = cos[pos][:, None], sin[pos][:, None]
+        x1, x2 = xr[..., :half], xr[..., half:]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+
+    out.append(Case("RopeNeoxPositionIds [8192,32,128]", "memory", lambda: kr(xr, pos), rope_eager,
+                    bytes=2 * xr.numel() * EB))
+    return out
+
+
+def small_cases() -> list[Case]:
+    """Calls of a decode step's size: latency, not bandwidth, is what counts."""
+    r = torch.randn
+    out: list[Case] = []
+    x, w = r(1, 4096, dtype=BF), r(4096, dtype=BF)
+    k = build(nb.build_rms_norm, [x, w], normalized_shape=(4096,), eps=1e-6)
+    out.append(Case("RMSNorm [1,4096]", "small", lambda: k(x, w), lambda: F.rms_norm(x, (4096,), w, 1e-6)))
+    xm, wm = r(64, 4096, dtype=BF), r(4096, dtype=BF)
+    km = build(nb.build_rms_norm, [xm, wm], normalized_shape=(4096,), eps=1e-6)
+    out.append(Case("RMSNorm [64,4096]", "small", lambda: km(xm, wm), lambda: F.rms_norm(xm, (4096,), wm, 1e-6)))
+    xs = r(16, 28672, dtype=BF)
+    ks = build(nb.build_silu_and_mul, [xs])
+
+    def silu_mul_eager():
+        gate, value = xs.chunk(2, -1)
+        return F.silu(gate) * value
+
+    out.append(Case("SiluAndMul [16,28672]", "small", lambda: ks(xs), silu_mul_eager))
+    return out
+
+
+def gemm_cases() -> list[Case]:
+    """Prefill GEMMs of examples/llama_step.py's decoder (hidden 1024, MLP 2816, 512 tokens)
+    in the F.linear layout, and square NN GEMMs; all compute-bound."""
+    r = torch.randn
+    out: list[Case] = []
+    for label, m, n, k in (("qkv", 512, 1536, 1024), ("gate_up", 512, 5632, 1024), ("down", 512, 1024, 2816)):
+        a, b = r(m, k, dtype=BF), r(n, k, dtype=BF) * 0.02
+        kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=True)
+        out.append(Case(f"Gemm {label} m{m} n{n} k{k} NT", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
+                        lambda a=a, b=b: F.linear(a, b), flops=2 * m * n * k))
+    for s in (1024, 2048):
+        a, b = r(s, s, dtype=BF), r(s, s, dtype=BF)
+        kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=False)
+        out.append(Case(f"Gemm {s}^3 NN", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
+                        lambda a=a, b=b: torch.matmul(a, b), flops=2 * s**3))
+    return out
+
+
+def gemv_cases() -> list[Case]:
+    """Decode GEMVs of the same decoder, over enough weight copies (like its layers) that
+    the weights come from memory: read-bound on the weight bytes."""
+    out: list[Case] = []
+    for label, n, k in (("qkv", 1536, 1024), ("o", 1024, 1024), ("gate_up", 5632, 1024), ("down", 1024, 2816)):
+        copies = max(2, (96 << 20) // (n * k * EB))
+        nxt = rotating(lambda i, n=n, k=k: (torch.randn(1, k, dtype=BF), torch.randn(n, k, dtype=BF) * 0.02), copies)
+        a0, w0 = nxt()
+        kern = build(nb.build_gemm, [a0, w0], trans_a=False, trans_b=True)
+
+        def ours(kern=kern, nxt=nxt):
+            a, w = nxt()
+            return kern(a, w)
+
+        def eager(nxt=nxt):
+            a, w = nxt()
+            return F.linear(a, w)
+
+        out.append(Case(f"GEMV {label} 1x{k}->{n} ({copies} weights)", "gemv", ours, eager, bytes=n * k * EB))
+    return out
+
+
+def mixed_cases() -> list[Case]:
+    """Two decoder layers as transformers runs them, tileops' norms, RoPE, residual adds and
+    gated MLP between torch's F.linear and SDPA, against the same layers in eager."""
+    out: list[Case] = []
+    hidden, heads, heads_kv, dim, mlp, layers, ctx = 1024, 16, 4, 64, 2816, 2, 256
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape, scale=0.02):
+        return (torch.randn(*shape, generator=g) * scale).to(BF)
+
+    qkv_n = (heads + 2 * heads_kv) * dim
+    ws = [dict(n1=1 + w(hidden, scale=0.1), qkv=w(qkv_n, hidden), o=w(hidden, heads * dim), n2=1 + w(hidden, scale=0.1),
+               gu=w(2 * mlp, hidden), down=w(hidden, mlp)) for _ in range(layers)]
+    half = dim // 2
+    freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.outer(torch.arange(4096, dtype=torch.float32), freqs)
+    cos, sin = ang.cos().to(BF), ang.sin().to(BF)
+    for tokens in (1, 64):
+        x = torch.randn(tokens, hidden, dtype=BF)
+        kcache = [torch.randn(1, heads_kv, ctx + tokens, dim, dtype=BF) for _ in range(layers)]
+        vcache = [torch.randn(1, heads_kv, ctx + tokens, dim, dtype=BF) for _ in range(layers)]
+        pos = torch.arange(ctx, ctx + tokens)
+        norm = build(nb.build_rms_norm, [x, ws[0]["n1"]], normalized_shape=(hidden,), eps=1e-5)
+        fused = build(nb.build_fused_add_rms_norm, [x, x, ws[0]["n2"]], eps=1e-5)
+        add = build(nb.build_add, [x, x], alpha=1)
+        q0 = torch.empty(tokens, heads, dim, dtype=BF)
+        k0 = torch.empty(tokens, heads_kv, dim, dtype=BF)
+        rope_q = build(nb.build_rope_neox_position_ids, [q0, pos], max_position=4096, base=10000.0, rotary_dim=dim)
+        rope_k = build(nb.build_rope_neox_position_ids, [k0, pos], max_position=4096, base=10000.0, rotary_dim=dim)
+        gu0 = torch.empty(tokens, 2 * mlp, dtype=BF)
+        silu_mul = build(nb.build_silu_and_mul, [gu0])
+
+        def attend(q, k, v, layer, kcache=kcache, vcache=vcache, tokens=tokens):
+            kc, vc = kcache[layer], vcache[layer]
+            kc[:, :, ctx:] = k.transpose(0, 1)[None]
+            vc[:, :, ctx:] = v.transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kc, vc, is_causal=tokens > 1, enable_gqa=True)
+            return o[0].transpose(0, 1).reshape(tokens, heads * dim)
+
+        def split(t, tokens=tokens):
+            q_end, kv_end = heads * dim, (heads + heads_kv) * dim
+            return (t[:, :q_end].reshape(tokens, heads, dim), t[:, q_end:kv_end].reshape(tokens, heads_kv, dim),
+                    t[:, kv_end:].reshape(tokens, heads_kv, dim))
+
+        def ours(x=x, norm=norm, fused=fused, add=add, rope_q=rope_q, rope_k=rope_k, silu_mul=silu_mul, pos=pos,
+                 attend=attend, split=split):
+            h = norm(x, ws[0]["n1"])
+            for layer, lw in enumerate(ws):
+                q, k, v = split(F.linear(h, lw["qkv"]))
+                q, k = rope_q(q.contiguous(), pos), rope_k(k.contiguous(), pos)
+                o = F.linear(attend(q, k, v, layer), lw["o"])
+                h, x = fused(o, x, lw["n2"])
+                x = add(x, F.linear(silu_mul(F.linear(h, lw["gu"])), lw["down"]))
+                h = norm(x, ws[(layer + 1) % layers]["n1"])
+            return x
+
+        def rope_eager(t, pos=pos):
+            c, s = cos[pos][:, None], sin[pos][:, None]
+            t1, t2 = t[..., :half], t[..., half:]
+            return torch.cat((t1 * c - t2 * s, t2 * c + t1 * s), -1)
+
+        def eager(x=x, attend=attend, split=split, rope_eager=rope_eager):
+            h = F.rms_norm(x, (hidden,), ws[0]["n1"], 1e-5)
+            for layer, lw in enumerate(ws):
+                q, k, v = split(F.linear(h, lw["qkv"]))
+                q, k = rope_eager(q), rope_eager(k)
+                x = x + F.linear(attend(q, k, v, layer), lw["o"])
+                h = F.rms_norm(x, (hidden,), lw["n2"], 1e-5)
+                gate, up = F.linear(h, lw["gu"]).chunk(2, -1)
+                x = x + F.linear(F.silu(gate) * up, lw["down"])
+                h = F.rms_norm(x, (hidden,), ws[(layer + 1) % layers]["n1"], 1e-5)
+            return x
+
+        out.append(Case(f"mixed loop: {layers} layers, {tokens} token(s)", "mixed", ours, eager))
+    return out
+
+
+def all_cases() -> list[Case]:
+    return memory_cases() + small_cases() + gemm_cases() + gemv_cases() + mixed_cases()
+
+
+def time_calls(case: Case, calls: int, warmup: int) -> tuple[list[float], list[float]]:
+    ours, eager = [], []
+    for _ in range(warmup):
+        case.ours()
+        case.eager()
+    clock = time.perf_counter
+    for _ in range(calls):
+        t0 = clock()
+        case.ours()
+        t1 = clock()
+        case.eager()
+        t2 = clock()
+        ours.append(t1 - t0)
+        eager.append(t2 - t1)
+    return ours, eager
+
+
+def child(args) -> None:
+    torch.manual_seed(0)
+    only = [s for s in args.only.split(",") if s]
+    result = {}
+    for case in all_cases():
+        if only and not any(case.name.startswith(o) for o in only):
+            continue
+        ours, eager = time_calls(case, args.calls, args.warmup)
+        result[case.name] = dict(kind=case.kind, bytes=case.bytes, flops=case.flops, min_x_eager=case.min_x_eager,
+                                 ours=ours, eager=eager)
+        del case
+    result["_pool"] = list(nb.native().pool_stats())
+    print("JSON " + json.dumps(result))
+
+
+def stats(ts: list[float]) -> tuple[float, float, float]:
+    s = sorted(ts)
+    return statistics.median(s), s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))], s[-1]
+
+
+def machine(threads: int) -> dict[str, float]:
+    C = nb.native()
+    m = {}
+    for kind in ("read", "copy", "copy_stream"):
+        m[kind] = statistics.median(C.probe_bandwidth(kind, 256, threads, 7))
+    try:
+        m["bf16"] = statistics.median(C.probe_bf16_peak(threads, 7))
+    except ValueError:
+        m["bf16"] = float("nan")  # no AVX-512 BF16 build on this CPU
+    return m
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, default=3, help="fresh processes (>= 3 for the stability target)")
+    ap.add_argument("--calls", type=int, default=41, help="timed calls per case and process (>= 31)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated case-name prefixes")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    threads = torch.get_num_threads()
+    m = machine(threads)
+    rw = max(m["copy"], m["copy_stream"])
+    env = {k: v for k, v in os.environ.items() if k.startswith("TILEOPS_NATIVE_CPU")}
+    print(f"torch {torch.__version__}, {threads} threads, native_cpu ISA {nb.native().isa()}; {args.procs} fresh "
+          f"processes x {args.calls} calls per case" + (f"; env {env}" if env else ""))
+    print(f"machine ({threads} threads, 256 MiB): read {m['read']:.1f} GB/s, copy {m['copy']:.1f} GB/s, "
+          f"streaming copy {m['copy_stream']:.1f} GB/s (read+write), bf16 vdpbf16ps peak {m['bf16']:.0f} GFLOP/s\n")
+    runs = []
+    for p in range(args.procs):
+        cmd = [sys.executable, __file__, "--child", f"--calls={args.calls}", f"--warmup={args.warmup}", f"--only={args.only}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")), None)
+        if proc.returncode != 0 or line is None:
+            print(proc.stdout + proc.stderr)
+            return 1
+        runs.append(json.loads(line[5:]))
+    names = [n for n in runs[0] if not n.startswith("_")]
+    misses: list[str] = []
+    hdr = (f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} {'eager ms: median':>16} {'p90':>7} "
+           f"{'max':>7} {'x eager':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for name in names:
+        meds = []
+        for p, run in enumerate(runs):
+            c = run[name]
+            mo, po, xo = stats(c["ours"])
+            me, pe, xe = stats(c["eager"])
+            meds.append((mo, me))
+            tail_ok = po <= TAIL * mo
+            if not tail_ok:
+                misses.append(f"tail: {name} (process {p + 1}: p90 {po / mo:.2f}x median)")
+            print(f"{name if p == 0 else '':<40} {p + 1:>4} {mo * 1e3:18.3f} {po * 1e3:7.3f} {xo * 1e3:7.3f} {me * 1e3:16.3f} "
+                  f"{pe * 1e3:7.3f} {xe * 1e3:7.3f} {me / mo:7.2f}" + ("" if tail_ok else "  tail MISS"))
+        c = runs[0][name]
+        ours_meds = [a for a, _ in meds]
+        spread = max(ours_meds) / min(ours_meds)
+        worst = max(ours_meds)
+        x_eager = min(e / o for o, e in meds)
+        verdicts = [f"stability {spread:.2f}x {'ok' if spread <= STABLE else 'MISS'}"]
+        if spread > STABLE:
+            misses.append(f"stability: {name} ({spread:.2f}x)")
+        if c["kind"] == "memory":
+            rate = c["bytes"] / worst / 1e9
+            ok = rate >= MEM_SHARE * rw
+            verdicts.append(f"{rate:.1f} GB/s = {rate / rw:.0%} of read+write {'ok' if ok else 'MISS'}")
+            if not ok:
+                misses.append(f"bandwidth: {name} ({rate / rw:.0%})")
+        elif c["kind"] == "gemm":
+            rate = c["flops"] / worst / 1e9
+            ok = rate >= GEMM_SHARE * m["bf16"]
+            verdicts.append(f"{rate:.0f} GFLOP/s = {rate / m['bf16']:.0%} of peak {'ok' if ok else 'MISS'}")
+            if not ok:
+                misses.append(f"gemm: {name} ({rate / m['bf16']:.0%})")
+        elif c["kind"] == "gemv":
+            rate = c["bytes"] / worst / 1e9
+            ok = rate >= GEMV_SHARE * m["read"]
+            verdicts.append(f"{rate:.1f} GB/s = {rate / m['read']:.0%} of read {'ok' if ok else 'MISS'}")
+            if not ok:
+                misses.append(f"gemv: {name} ({rate / m['read']:.0%})")
+        if c["min_x_eager"]:
+            ok = x_eager >= c["min_x_eager"]
+            verdicts.append(f"x eager {x_eager:.2f} (>= {c['min_x_eager']:g}) {'ok' if ok else 'MISS'}")
+            if not ok:
+                misses.append(f"x eager: {name} ({x_eager:.2f}x)")
+        print(f"{'':<40} {'':>4} worst process: " + "; ".join(verdicts))
+    print()
+    for p, run in enumerate(runs):
+        rounds, chunks, caller, on_team, stalls = run["_pool"]
+        if rounds:
+            print(f"process {p + 1}: {rounds} parallel regions, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} "
+                  f"stalled; calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
+    print(f"\n{len(misses)} target(s) missed" + ("".join(f"\n  {s}" for s in misses) if misses else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
