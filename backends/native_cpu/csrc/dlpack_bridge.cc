@@ -1,5 +1,7 @@
 #include "dlpack_bridge.h"
 
+#include "output_cache.h"
+
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
@@ -155,8 +157,63 @@ static void advise_huge_pages(void* data, int ndim, const int64_t* shape, DType 
 #endif
 }
 
+namespace {
+
+// An output in a block of the warm-output cache (output_cache.h): torch owns it through
+// DLPack, and its deleter gives the block back.
+struct CachedOutput {
+  dl::ManagedTensorVersioned managed{};
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+  OutputBlock block;
+};
+
+void give_back_cached_output(dl::ManagedTensorVersioned* self) {
+  auto* out = static_cast<CachedOutput*>(self->manager_ctx);
+  output_cache_give(out->block);
+  delete out;
+}
+
+int64_t byte_size(int ndim, const int64_t* shape, DType dtype) {
+  int64_t bytes = dl_from_dtype(dtype).bits / 8;
+  for (int i = 0; i < ndim; ++i) bytes *= shape[i];
+  return bytes;
+}
+
+PyObject* new_cached_tensor(OutputBlock block, int ndim, const int64_t* shape, DType dtype, void** data) {
+  auto* out = new CachedOutput();
+  out->block = block;
+  int64_t stride = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    out->shape[d] = shape[d];
+    out->strides[d] = stride;
+    stride *= shape[d];
+  }
+  dl::ManagedTensorVersioned& m = out->managed;
+  m.version = {1, 1};
+  m.manager_ctx = out;
+  m.deleter = give_back_cached_output;
+  m.dl_tensor.data = block.data;
+  m.dl_tensor.device = {dl::kCPU, 0};
+  m.dl_tensor.ndim = ndim;
+  m.dl_tensor.dtype = dl_from_dtype(dtype);
+  m.dl_tensor.shape = out->shape;
+  m.dl_tensor.strides = out->strides;
+  void* result = nullptr;
+  if (g_api->managed_tensor_to_py_object_no_sync(&m, &result) != 0) {
+    give_back_cached_output(&m);  // not taken: DLPack hands ownership over on success only
+    return nullptr;
+  }
+  *data = block.data;
+  return static_cast<PyObject*>(result);
+}
+
+}  // namespace
+
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
   if (g_api != nullptr && !g_force_fallback) {
+    const OutputBlock block = output_cache_take(static_cast<size_t>(byte_size(ndim, shape, dtype)));
+    if (block.data != nullptr) return new_cached_tensor(block, ndim, shape, dtype, data);
     dl::Tensor proto{};
     proto.device = {dl::kCPU, 0};
     proto.ndim = ndim;

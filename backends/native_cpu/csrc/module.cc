@@ -15,6 +15,7 @@
 
 #include "bind/kernel.h"
 #include "dlpack_bridge.h"
+#include "output_cache.h"
 #include "thread_pool.h"
 
 namespace tnc {
@@ -67,6 +68,12 @@ NB_MODULE(_C, m) {
     const PoolStats s = pool_stats();
     return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls);
   }, "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled) so far");
+  m.def("output_cache_stats", [] {
+    const OutputCacheStats s = output_cache_stats();
+    return std::make_tuple(s.hits, s.misses, s.idle_bytes, s.budget_bytes);
+  }, "(outputs served by a warm block, by a new mapping, idle bytes held, idle budget) of the warm-output cache");
+  m.def("set_output_cache_budget", &output_cache_set_budget, nb::arg("bytes"),
+        "idle bytes the warm-output cache may hold (0 turns it off); returns the previous budget");
   m.def("set_use_openmp", &set_use_openmp, "run parallel regions on torch's OpenMP team (True, the default) or our own pool");
   m.def("openmp_available", &openmp_available, "whether an OpenMP runtime is loaded in the process");
   // Runs parallel_for over [0, n) and returns how often each index was visited, the number
@@ -98,6 +105,7 @@ NB_MODULE(_C, m) {
   bind_gemm(m);
   bind_norm(m);
   bind_reduction(m);
+  bind_probe(m);
   bind_rope(m);
   bind_softmax(m);
 }

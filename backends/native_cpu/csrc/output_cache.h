@@ -1,0 +1,38 @@
+// Warm memory for large outputs. A fresh block of many MiB from torch's CPU allocator is a
+// fresh mapping (glibc maps blocks of 32 MiB and more anew on every allocation, and smaller
+// ones once its heap is trimmed), so a kernel writing it page-faults on every call: the
+// kernel zeroes each page before we write it, which cost a 64 MiB RMSNorm more than half
+// of its time. Outputs of kMinBytes and more therefore come from blocks this package keeps:
+// mapped once (2 MiB aligned, huge pages advised), handed to torch as DLPack tensors whose
+// deleter gives the block back, reused by the next output of the same rounded size.
+// Idle blocks are held up to a byte budget (TILEOPS_NATIVE_CPU_OUTPUT_CACHE_MB, default
+// 1024; 0 turns the cache off), the least recently returned released first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tnc {
+
+struct OutputBlock {
+  void* data = nullptr;
+  size_t capacity = 0;  // the mapping's size (kMinBytes and more, a multiple of 2 MiB)
+};
+
+inline constexpr size_t kOutputCacheMinBytes = size_t{4} << 20;
+
+// A block of at least `bytes`, or {nullptr, 0} when the cache is off or `bytes` is too
+// small for it (the caller allocates through torch) or the mapping failed.
+OutputBlock output_cache_take(size_t bytes);
+// Gives a block back (any thread, with or without the GIL).
+void output_cache_give(OutputBlock block);
+
+struct OutputCacheStats {
+  uint64_t hits = 0, misses = 0;  // takes served by an idle block / by a new mapping
+  uint64_t idle_bytes = 0, budget_bytes = 0;
+};
+OutputCacheStats output_cache_stats();
+// Sets the idle budget (releases what exceeds it); returns the previous one.
+uint64_t output_cache_set_budget(uint64_t bytes);
+
+}  // namespace tnc
