@@ -28,6 +28,35 @@ inline void storec(T* p, F v, int64_t count) {
   }
 }
 
+// Results far larger than the caches go out with streaming stores: no read for ownership
+// of lines that are overwritten whole (a third of the traffic of an ordinary store), and
+// the next op would not find them in cache anyway. 8 MiB: a quarter of the L3. Every
+// full-vector store of such a result must be aligned for S::stream, so the result's rows
+// (of n elements) must be too. A chunk that streamed ends with S::stream_fence().
+template <class T>
+inline bool streams(const void* y, int64_t elements, int64_t n) {
+  return S::kHasStream && elements * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20) && n % W == 0 &&
+         reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
+}
+template <bool Stream, class T>
+inline void store_full(T* p, F v) {
+  if constexpr (Stream) {
+    S::stream(p, v);
+  } else {
+    S::store(p, v);
+  }
+}
+// fn(std::true_type{}) when stream, else fn(std::false_type{}): the kernels' loops are
+// compiled once for each kind of store.
+template <class Fn>
+inline void with_stream(bool stream, Fn&& fn) {
+  if (stream) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
+}
+
 // Rows per task so that one task touches at least ~16K elements.
 inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 

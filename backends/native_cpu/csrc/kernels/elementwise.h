@@ -211,18 +211,25 @@ void binary_float(const tnc::BroadcastArgs& a, int threads) {
   const bool a_vec = a.strides[0][last] != 0, b_vec = a.strides[1][last] != 0;
   const float alpha = static_cast<float>(a.alpha);
   const bool mul = a.op == tnc::BinaryOp::mul, scaled = !mul && alpha != 1.f;
-  broadcast_for(a, threads, 32768, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
-    const T* xa = pa + off[0] + (a_vec ? c0 : 0);
-    const T* xb = pb + off[1] + (b_vec ? c0 : 0);
-    T* y = out + out_at;
-    const F sa = S::set1(tnc::to_float(*xa)), sb = S::set1(tnc::to_float(*xb)), va = S::set1(alpha);
-    for (int64_t i = 0; i < count; i += W) {
-      const int64_t c = count - i;
-      const F u = a_vec ? loadc(xa + i, c) : sa;
-      const F v = b_vec ? loadc(xb + i, c) : sb;
-      const F r = mul ? S::mul(u, v) : (scaled ? S::fma(v, va, u) : S::add(u, v));
-      storec(y + i, r, c);
-    }
+  int64_t total = 1;
+  for (int d = 0; d <= last; ++d) total *= a.sizes[d];
+  // broadcast_for's pieces start at multiples of the last axis or of 32768
+  with_stream(streams<T>(out, total, a.sizes[last]), [&](auto stream) {
+    constexpr bool St = decltype(stream)::value;
+    broadcast_for(a, threads, 32768, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
+      const T* xa = pa + off[0] + (a_vec ? c0 : 0);
+      const T* xb = pb + off[1] + (b_vec ? c0 : 0);
+      T* y = out + out_at;
+      const F sa = S::set1(tnc::to_float(*xa)), sb = S::set1(tnc::to_float(*xb)), va = S::set1(alpha);
+      const auto op = [&](F u, F v) { return mul ? S::mul(u, v) : (scaled ? S::fma(v, va, u) : S::add(u, v)); };
+      int64_t i = 0;
+      for (; i + W <= count; i += W) store_full<St>(y + i, op(a_vec ? S::load(xa + i) : sa, b_vec ? S::load(xb + i) : sb));
+      if (i < count) {
+        const int64_t c = count - i;
+        storec(y + i, op(a_vec ? loadc(xa + i, c) : sa, b_vec ? loadc(xb + i, c) : sb), c);
+      }
+      if constexpr (St) S::stream_fence();
+    });
   });
 }
 

@@ -7,36 +7,49 @@
 template <class T>
 void rms_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
-  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
-    const T* w = static_cast<const T*>(a.weight);
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = static_cast<const T*>(a.x) + r * n;
-      T* y = static_cast<T*>(a.out) + r * n;
-      const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
-      int64_t i = 0;
-      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(x + i), scale), S::load(w + i)));
-      if (i < n) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
-    }
+  with_stream(streams<T>(a.out, a.rows * n, n), [&](auto stream) {
+    constexpr bool St = decltype(stream)::value;
+    tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+      const T* w = static_cast<const T*>(a.weight);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* x = static_cast<const T*>(a.x) + r * n;
+        T* y = static_cast<T*>(a.out) + r * n;
+        const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
+        int64_t i = 0;
+        for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(x + i), scale), S::load(w + i)));
+        if (i < n) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+      }
+      if constexpr (St) S::stream_fence();
+    });
   });
 }
 
 template <class T>
 void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
-  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
-    const T* w = static_cast<const T*>(a.weight);
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = static_cast<const T*>(a.x) + r * n;
-      const T* res = static_cast<const T*>(a.residual) + r * n;
-      T* y = static_cast<T*>(a.out) + r * n;
-      T* rout = static_cast<T*>(a.residual_out) + r * n;
-      // the sum is rounded to T first: the norm is of the residual stream as stored
-      for (int64_t i = 0; i < n; i += W) storec(rout + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
-      const F scale = S::set1(1.f / std::sqrt(sum_squares(rout, n) / static_cast<float>(n) + a.eps));
-      int64_t i = 0;
-      for (; i + W <= n; i += W) S::store(y + i, S::mul(S::mul(S::load(rout + i), scale), S::load(w + i)));
-      if (i < n) storec(y + i, S::mul(S::mul(loadc(rout + i, n - i), scale), loadc(w + i, n - i)), n - i);
-    }
+  with_stream(streams<T>(a.out, a.rows * n, n) && streams<T>(a.residual_out, a.rows * n, n), [&](auto stream) {
+    constexpr bool St = decltype(stream)::value;
+    tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+      const T* w = static_cast<const T*>(a.weight);
+      // the sum is rounded to T first (the norm is of the residual stream as stored); when
+      // the results stream, the second pass reads it from this thread's cached copy
+      T* sum = St ? reinterpret_cast<T*>(scratch(static_cast<size_t>(n))) : nullptr;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* x = static_cast<const T*>(a.x) + r * n;
+        const T* res = static_cast<const T*>(a.residual) + r * n;
+        T* y = static_cast<T*>(a.out) + r * n;
+        T* rout = static_cast<T*>(a.residual_out) + r * n;
+        T* s = St ? sum : rout;
+        for (int64_t i = 0; i < n; i += W) storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
+        if constexpr (St)
+          for (int64_t i = 0; i < n; i += W) S::stream(rout + i, S::load(s + i));
+        const F scale = S::set1(1.f / std::sqrt(sum_squares(s, n) / static_cast<float>(n) + a.eps));
+        int64_t i = 0;
+        for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
+        if (i < n) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
+      }
+      if constexpr (St) S::stream_fence();
+    });
   });
 }
 
@@ -60,24 +73,28 @@ inline float centred_sum_squares(const T* x, int64_t n, float mean) {
 template <class T>
 void layer_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
-  tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
-    const T* w = static_cast<const T*>(a.weight);
-    const T* b = static_cast<const T*>(a.bias);
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* x = static_cast<const T*>(a.x) + r * n;
-      T* y = static_cast<T*>(a.out) + r * n;
-      const float mean = sum_run(x, n) / static_cast<float>(n);
-      const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
-      const F rstd = S::set1(1.f / std::sqrt(var + a.eps));
-      const F m = S::set1(mean);
-      int64_t i = 0;
-      for (; i + W <= n; i += W)
-        S::store(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
-      if (i < n) {
-        const int64_t c = n - i;
-        storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
+  with_stream(streams<T>(a.out, a.rows * n, n), [&](auto stream) {
+    constexpr bool St = decltype(stream)::value;
+    tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
+      const T* w = static_cast<const T*>(a.weight);
+      const T* b = static_cast<const T*>(a.bias);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* x = static_cast<const T*>(a.x) + r * n;
+        T* y = static_cast<T*>(a.out) + r * n;
+        const float mean = sum_run(x, n) / static_cast<float>(n);
+        const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
+        const F rstd = S::set1(1.f / std::sqrt(var + a.eps));
+        const F m = S::set1(mean);
+        int64_t i = 0;
+        for (; i + W <= n; i += W)
+          store_full<St>(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
+        if (i < n) {
+          const int64_t c = n - i;
+          storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
+        }
       }
-    }
+      if constexpr (St) S::stream_fence();
+    });
   });
 }
 

@@ -7,6 +7,10 @@
 template <class T>
 void rope(const tnc::RopeArgs& a, int threads) {
   const int64_t half = a.rotary_dim / 2, d = a.head_dim, heads = a.heads;
+  // stores land at multiples of `half` (and d, a multiple of it when all of d rotates)
+  const bool stream = streams<T>(a.out, a.tokens * heads * d, half) && d % half == 0;
+  with_stream(stream, [&](auto st) {
+  constexpr bool St = decltype(st)::value;
   tnc::parallel_for(a.tokens, row_grain(heads * d), threads, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       int64_t pos;
@@ -24,12 +28,19 @@ void rope(const tnc::RopeArgs& a, int threads) {
           const int64_t c = half - i;
           const F x1 = loadc(x + i, c), x2 = loadc(x + half + i, c);
           const F co = loadc(cs + i, c), si = loadc(sn + i, c);
-          storec(y + i, S::fnma(x2, si, S::mul(x1, co)), c);
-          storec(y + half + i, S::fma(x1, si, S::mul(x2, co)), c);
+          if (St) {  // c >= W: half is a multiple of W
+            store_full<St>(y + i, S::fnma(x2, si, S::mul(x1, co)));
+            store_full<St>(y + half + i, S::fma(x1, si, S::mul(x2, co)));
+          } else {
+            storec(y + i, S::fnma(x2, si, S::mul(x1, co)), c);
+            storec(y + half + i, S::fma(x1, si, S::mul(x2, co)), c);
+          }
         }
         for (int64_t i = a.rotary_dim; i < d; ++i) y[i] = x[i];
       }
     }
+    if constexpr (St) S::stream_fence();
+  });
   });
 }
 

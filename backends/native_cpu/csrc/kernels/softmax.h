@@ -4,7 +4,7 @@
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
 
-template <class T>
+template <class T, bool Stream>
 void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
   const int64_t n = a.n;
   for (int64_t r = r0; r < r1; ++r) {
@@ -17,10 +17,14 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
       F acc = S::zero();
       for (int64_t i = 0; i < n; i += W) acc = S::add(acc, vexp<kHalfT<T>>(S::sub(loadc(x + i, n - i, lowest), m)));
       const F lse = S::set1(mx + std::log(S::reduce_add(acc)));
-      for (int64_t i = 0; i < n; i += W) storec(y + i, S::sub(loadc(x + i, n - i), lse), n - i);
+      int64_t i = 0;
+      for (; i + W <= n; i += W) store_full<Stream>(y + i, S::sub(S::load(x + i), lse));
+      if (i < n) storec(y + i, S::sub(loadc(x + i, n - i), lse), n - i);
       continue;
     }
-    float* e_buf = std::is_same_v<T, float> ? reinterpret_cast<float*>(y) : scratch(static_cast<size_t>(n));
+    // float results hold the exponentials in place, unless they stream (then they would be
+    // read back from memory)
+    float* e_buf = std::is_same_v<T, float> && !Stream ? reinterpret_cast<float*>(y) : scratch(static_cast<size_t>(n));
     F acc0 = S::zero(), acc1 = S::zero();
     int64_t i = 0;
     for (; i + 2 * W <= n; i += 2 * W) {
@@ -37,7 +41,7 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
       acc0 = S::add(acc0, e);
     }
     const F inv = S::set1(1.f / S::reduce_add(S::add(acc0, acc1)));
-    for (i = 0; i + W <= n; i += W) S::store(y + i, S::mul(S::load(e_buf + i), inv));
+    for (i = 0; i + W <= n; i += W) store_full<Stream>(y + i, S::mul(S::load(e_buf + i), inv));
     if (i < n) storec(y + i, S::mul(loadc(e_buf + i, n - i), inv), n - i);
   }
 }
@@ -73,7 +77,13 @@ void softmax_columns(const tnc::SoftmaxArgs& a, int64_t i0, int64_t i1) {
 template <class T>
 void softmax(const tnc::SoftmaxArgs& a, int threads) {
   if (a.inner == 1) {
-    tnc::parallel_for(a.outer, row_grain(a.n), threads, [&](int64_t r0, int64_t r1) { softmax_rows<T>(a, r0, r1); });
+    with_stream(streams<T>(a.out, a.outer * a.n, a.n), [&](auto stream) {
+      constexpr bool St = decltype(stream)::value;
+      tnc::parallel_for(a.outer, row_grain(a.n), threads, [&](int64_t r0, int64_t r1) {
+        softmax_rows<T, St>(a, r0, r1);
+        if constexpr (St) S::stream_fence();
+      });
+    });
   } else {
     const int64_t items = a.outer * ((a.inner + W - 1) / W);
     tnc::parallel_for(items, row_grain(a.n * W), threads, [&](int64_t i0, int64_t i1) { softmax_columns<T>(a, i0, i1); });
