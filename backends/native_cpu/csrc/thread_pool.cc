@@ -250,18 +250,15 @@ std::atomic<int> g_use_openmp{[] {
   return s != nullptr && std::strcmp(s, "own") == 0 ? 0 : 1;
 }()};
 
-// A team thread that is not running when a region starts (another process holds its core)
-// makes the region wait at OpenMP's closing barrier for that thread's next time slice
-// (measured: 8 ms for a 0.7 ms kernel; torch's own ops stall the same way). Our own pool
-// does not wait for a helper that never claimed a chunk, so after such a stall the regions
-// go to our own pool for a while, then try the team again: 50 ms after an isolated stall,
-// doubling up to 1 s while the regions that try the team again stall too (a busy machine
-// then loses at most ~1% to the probes), back to 50 ms after a region that did not stall.
-constexpr int64_t kStallNs = 1000000;            // a late or preempted team thread
-constexpr int64_t kBackoffMinNs = 50000000;      // own pool for this long after a stall...
-constexpr int64_t kBackoffMaxNs = 1000000000;    // ...doubling up to this
-std::atomic<int64_t> g_openmp_backoff_until{0};
-std::atomic<int64_t> g_openmp_backoff_ns{kBackoffMinNs};
+// Every region goes to the team, stalled or not. A team thread that another process holds
+// off its core makes the region wait at OpenMP's closing barrier (torch's own ops wait the
+// same way), and regions used to go to our own pool for a while after such a stall; but
+// then our helper and the team's thread, still spinning, shared a core, and the mixed
+// regime was the least predictable of all (benchmarks/native_latency.py, 3 processes: 22
+// targets missed with the back-off against 18 without, and the only tail misses). So a
+// stall is only counted: a team thread that started over 1 ms after the region was posted,
+// or a caller that waited over 1 ms (and over 4 of its own chunks) for the others.
+constexpr int64_t kStallNs = 1000000;
 
 int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
@@ -305,19 +302,11 @@ bool try_run_openmp(int64_t n, int64_t chunk, int chunks, int team, TaskFn fn, v
   const OmpApi* api = openmp_runtime();
   if (api == nullptr) return false;
   if (api->in_parallel()) return false;  // inside someone's OpenMP region: stay on this thread
-  const int64_t posted = now_ns();
-  if (posted < g_openmp_backoff_until.load(std::memory_order_relaxed)) return false;
-  OmpRegion region{fn, ctx, n, chunk, chunks, api, posted};
+  OmpRegion region{fn, ctx, n, chunk, chunks, api, now_ns()};
   api->parallel(omp_body, &region, static_cast<unsigned>(team), 0);  // returns after the team's barrier
   const int64_t waited = now_ns() - region.caller_done_ns;  // for the others' last chunks
-  if (region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns)) {
-    const int64_t backoff = g_openmp_backoff_ns.load(std::memory_order_relaxed);
-    g_openmp_backoff_until.store(now_ns() + backoff, std::memory_order_relaxed);
-    g_openmp_backoff_ns.store(std::min(2 * backoff, kBackoffMaxNs), std::memory_order_relaxed);
+  if (region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns))
     g_stats.openmp_stalls.fetch_add(1, std::memory_order_relaxed);
-  } else if (g_openmp_backoff_ns.load(std::memory_order_relaxed) != kBackoffMinNs) {
-    g_openmp_backoff_ns.store(kBackoffMinNs, std::memory_order_relaxed);
-  }
   g_stats.rounds.fetch_add(1, std::memory_order_relaxed);
   g_stats.chunks.fetch_add(chunks, std::memory_order_relaxed);
   g_stats.caller_chunks.fetch_add(region.caller_chunks, std::memory_order_relaxed);
@@ -361,8 +350,6 @@ PoolStats pool_stats() {
 
 bool set_use_openmp(bool on) {
   g_use_openmp.store(on ? 1 : 0);
-  g_openmp_backoff_until.store(0);
-  g_openmp_backoff_ns.store(kBackoffMinNs);
   return on && openmp_runtime() != nullptr;
 }
 

@@ -1,6 +1,8 @@
-// A small pool of our own workers: no OpenMP runtime beside torch's. The calling thread
-// takes part as worker 0, so a kernel sized to torch.get_num_threads() threads uses that
-// many cores in total. Workers spin briefly, then sleep on a futex (std::atomic::wait).
+// Parallel regions of the kernels. They run on the calling thread's team of the OpenMP
+// runtime torch has loaded (thread_pool.cc says why), or, where no OpenMP runtime is loaded
+// or TILEOPS_NATIVE_CPU_POOL=own, on a small pool of our own workers (we never load an
+// OpenMP runtime ourselves). Either way the calling thread takes part as worker 0, so a
+// kernel sized to torch.get_num_threads() threads uses that many cores in total.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +33,7 @@ struct PoolStats {
   uint64_t chunks = 0;
   uint64_t caller_chunks = 0;
   uint64_t openmp_rounds = 0;  // regions run on the OpenMP team rather than our own pool
-  uint64_t openmp_stalls = 0;  // team regions that waited for a descheduled thread
+  uint64_t openmp_stalls = 0;  // team regions that waited over 1 ms for a late thread (counted only)
 };
 PoolStats pool_stats();
 
