@@ -4,9 +4,10 @@
     .venv-demo/bin/python benchmarks/native_latency.py --procs 5 --calls 61 --only RMSNorm,SiluAndMul
 
 Best-of-N hides what a decode loop pays: one stalled call costs more than the kernels save.
-So each case is called --calls times, each call timed alone, tileops and torch eager
-alternating call by call, in --procs fresh processes (each builds its kernels and warms up
-on its own). Reported per process: median, p90 and max of both. The last case is a mixed
+So each case is called --calls times, each call timed alone, by tileops and by torch
+eager, in --procs fresh processes (each builds its kernels and warms up
+on its own). Reported per process: median, p90 and max of both (each side's calls in a
+block of their own). The last case is a mixed
 loop: a decoder layer as transformers runs it with tileops' norms, RoPE and gated MLP
 between torch's linears and attention, against the same layer in plain eager.
 
@@ -279,21 +280,16 @@ def all_cases() -> list[Case]:
     return memory_cases() + small_cases() + gemm_cases() + gemv_cases() + mixed_cases()
 
 
-def time_calls(case: Case, calls: int, warmup: int) -> tuple[list[float], list[float]]:
-    ours, eager = [], []
+def time_calls(fn: Callable[[], Any], calls: int, warmup: int) -> list[float]:
     for _ in range(warmup):
-        case.ours()
-        case.eager()
+        fn()
     clock = time.perf_counter
+    times = []
     for _ in range(calls):
         t0 = clock()
-        case.ours()
-        t1 = clock()
-        case.eager()
-        t2 = clock()
-        ours.append(t1 - t0)
-        eager.append(t2 - t1)
-    return ours, eager
+        fn()
+        times.append(clock() - t0)
+    return times
 
 
 def child(args) -> None:
@@ -303,7 +299,11 @@ def child(args) -> None:
     for case in all_cases():
         if only and not any(case.name.startswith(o) for o in only):
             continue
-        ours, eager = time_calls(case, args.calls, args.warmup)
+        # each side in a block of its own: eager's bfloat16 norms make GiB of float32
+        # temporaries, whose page faults would otherwise land in our figures (the mixed
+        # loop is where the two interleave, as they do in a model)
+        ours = time_calls(case.ours, args.calls, args.warmup)
+        eager = time_calls(case.eager, args.calls, args.warmup)
         result[case.name] = dict(kind=case.kind, bytes=case.bytes, flops=case.flops, min_x_eager=case.min_x_eager,
                                  ours=ours, eager=eager)
         del case
@@ -353,7 +353,7 @@ def main() -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")), None)
         if proc.returncode != 0 or line is None:
-            print(proc.stdout + proc.stderr)
+            print(f"process {p + 1} failed (exit status {proc.returncode}):\n{proc.stdout}{proc.stderr}")
             return 1
         runs.append(json.loads(line[5:]))
     names = [n for n in runs[0] if not n.startswith("_")]
