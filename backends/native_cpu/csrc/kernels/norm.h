@@ -31,21 +31,37 @@ void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
     constexpr bool St = decltype(stream)::value;
     tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
       const T* w = static_cast<const T*>(a.weight);
-      // the sum is rounded to T first (the norm is of the residual stream as stored); when
-      // the results stream, the second pass reads it from this thread's cached copy
-      T* sum = St ? reinterpret_cast<T*>(scratch(static_cast<size_t>(n))) : nullptr;
+      // The sum is rounded to T first: the norm is of the residual stream as stored. One
+      // pass stores it, reads it back (rounded) for the sum of squares and, when the
+      // results stream, streams it out too; the second pass then reads this thread's
+      // cached copy, not the streamed one, which has left the caches.
+      T* cached = St ? reinterpret_cast<T*>(scratch(static_cast<size_t>(n))) : nullptr;
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * n;
         const T* res = static_cast<const T*>(a.residual) + r * n;
         T* y = static_cast<T*>(a.out) + r * n;
         T* rout = static_cast<T*>(a.residual_out) + r * n;
-        T* s = St ? sum : rout;
-        for (int64_t i = 0; i < n; i += W) storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
-        if constexpr (St)
-          for (int64_t i = 0; i < n; i += W) S::stream(rout + i, S::load(s + i));
-        const F scale = S::set1(1.f / std::sqrt(sum_squares(s, n) / static_cast<float>(n) + a.eps));
+        T* s = St ? cached : rout;
+        F sq0 = S::zero(), sq1 = S::zero();
         int64_t i = 0;
-        for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
+        for (; i + W <= n; i += W) {
+          const F v = S::add(S::load(x + i), S::load(res + i));
+          S::store(s + i, v);
+          if constexpr (St) S::stream(rout + i, v);
+          const F rounded = S::load(s + i);
+          if ((i / W) % 2 == 0) {
+            sq0 = S::fma(rounded, rounded, sq0);
+          } else {
+            sq1 = S::fma(rounded, rounded, sq1);
+          }
+        }
+        if (i < n) {  // never when streaming (n is a multiple of W then)
+          storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
+          const F rounded = loadc(s + i, n - i);
+          sq0 = S::fma(rounded, rounded, sq0);
+        }
+        const F scale = S::set1(1.f / std::sqrt(S::reduce_add(S::add(sq0, sq1)) / static_cast<float>(n) + a.eps));
+        for (i = 0; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
         if (i < n) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
       }
       if constexpr (St) S::stream_fence();
