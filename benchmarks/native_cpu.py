@@ -3,13 +3,14 @@
     .venv-demo/bin/python benchmarks/native_cpu.py            # every op, ~3 minutes on 2 cores
     .venv-demo/bin/python benchmarks/native_cpu.py --no-compile --only RMSNorm,Softmax
 
-Each case is timed as: eager, compiled, native, interleaved over several rounds; a sample is
-the mean of enough calls to last ~15 ms, and the reported time is the median sample.
+Each case is timed as: eager, compiled, native, interleaved over several rounds; a round's
+figure is the median of single calls over ~15 ms (at least 5), and the reported time is
+the median round. benchmarks/native_latency.py shows the whole distribution.
 Workloads are the manifest's, scaled to a CPU where they would take seconds. GB/s uses the
 manifest's roofline bytes; memory-bound ops are also shown as a share of the machine's copy
-bandwidth (torch's own copy of a 64 MiB buffer, read + write counted; the better of torch's
-thread count and one thread, since a shared machine can cost the multi-threaded copy a
-whole time slice).
+bandwidth (native_cpu's probes: a 256 MiB copy with ordinary and with streaming stores, read
++ write counted, the better of the two). Many of these workloads fit in the 32 MiB L3, so
+shares above 100% are cache hits; benchmarks/native_latency.py measures beyond the L3.
 """
 
 from __future__ import annotations
@@ -55,31 +56,24 @@ class Case:
 
 
 def time_one(fn: Callable[[], Any], budget_s: float = 0.015) -> float:
+    """The median of single calls, as many as fit in the budget (at least 5): a stalled
+    call shows up in the spread, never in the figure, and a fast outlier cannot make it."""
     fn()
-    t0 = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t0, 1e-7)
-    iters = max(1, min(2000, int(budget_s / once)))
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    clock = time.perf_counter
+    times: list[float] = []
+    start = clock()
+    while len(times) < 5 or (clock() - start < budget_s and len(times) < 2000):
+        t0 = clock()
         fn()
-    return (time.perf_counter() - t0) / iters
+        times.append(clock() - t0)
+    return statistics.median(times)
 
 
-def copy_bandwidth() -> tuple[float, float]:
-    """(GB/s at torch's thread count, GB/s on one thread). On a shared machine torch's
-    OpenMP copy can lose a whole time slice to a preempted thread, so the reference is the
-    better of the two (the machine can evidently do at least that)."""
-    src = torch.empty(16 * 1024 * 1024, dtype=torch.float32).uniform_()
-    dst = torch.empty_like(src)
-    rates = []
+def copy_bandwidth(native) -> tuple[float, float]:
+    """(ordinary, streaming) copy GB/s on torch's thread count, read + write counted, from
+    native_cpu's machine probes (256 MiB, the median of 5); %copy is of the better one."""
     threads = torch.get_num_threads()
-    for n in (threads, 1):
-        torch.set_num_threads(n)
-        samples = [time_one(lambda: dst.copy_(src), 0.05) for _ in range(5)]
-        rates.append(2 * src.numel() * 4 / statistics.median(samples) / 1e9)
-    torch.set_num_threads(threads)
-    return rates[0], rates[1]
+    return tuple(statistics.median(native.probe_bandwidth(kind, 256, threads, 5)) for kind in ("copy", "copy_stream"))
 
 
 def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
@@ -234,13 +228,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    bw_n, bw_1 = copy_bandwidth()
-    bw = max(bw_n, bw_1)
     native = nb.native()
+    bw_plain, bw_stream = copy_bandwidth(native)
+    bw = max(bw_plain, bw_stream)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, native_cpu ISA {native.isa()}, "
           f"DLPack exchange API {native.uses_exchange_api()}")
-    print(f"copy bandwidth (torch copy_ of 64 MiB, read+write): {bw_n:.1f} GB/s at {torch.get_num_threads()} thread(s), "
-          f"{bw_1:.1f} GB/s on one; %copy is of {bw:.1f} GB/s\n")
+    print(f"copy bandwidth (native_cpu probes, 256 MiB, read+write): {bw_plain:.1f} GB/s with ordinary stores, "
+          f"{bw_stream:.1f} GB/s with streaming stores; %copy is of {bw:.1f} GB/s\n")
     hdr = (f"{'op':<20} {'workload':<34} {'eager ms':>9} {'compile ms':>10} {'native ms':>9} {'x eager':>8} {'x comp':>7} "
            f"{'GB/s|GF/s':>9} {'%copy':>6}  targets")
     print(hdr)
