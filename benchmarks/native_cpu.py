@@ -303,7 +303,7 @@ def pool_line(native) -> str:
     if not rounds:
         return "native_cpu parallel regions: none"
     return (f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled "
-            f"(a team thread over 1 ms late: the next regions went to the own pool); calling thread ran "
+            f"(waited over 1 ms for a late team thread); calling thread ran "
             f"{caller / max(chunks, 1):.0%} of the chunks")
 
 

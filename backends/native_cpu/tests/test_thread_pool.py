@@ -105,3 +105,28 @@ def test_kernels_agree_on_both_pools(native):
     finally:
         native.set_use_openmp(True)
         torch.set_num_threads(old)
+
+
+def test_by_default_every_region_runs_on_torchs_team(native):
+    """The predictable default (README, Threads): torch's OpenMP team for every region, with
+    no switch to our own pool after a stalled one."""
+    import os
+
+    if os.environ.get("TILEOPS_NATIVE_CPU_POOL"):
+        pytest.skip("TILEOPS_NATIVE_CPU_POOL is set")
+    if not native.openmp_available():
+        pytest.skip("no OpenMP runtime loaded in this process")
+    x = torch.randn(512, 1024, dtype=torch.bfloat16)
+    w = torch.randn(1024, dtype=torch.bfloat16)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(1024,), eps=1e-6)
+        rounds, _, _, on_team, _ = native.pool_stats()
+        for _ in range(50):
+            kernel(x, w)
+        rounds2, _, _, on_team2, _ = native.pool_stats()
+        assert rounds2 - rounds == 50
+        assert on_team2 - on_team == 50
+    finally:
+        torch.set_num_threads(old)
