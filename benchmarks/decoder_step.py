@@ -78,9 +78,10 @@ def main() -> int:
           f"target >= {TARGET_RATIO}x: {'ok' if ratio >= TARGET_RATIO else 'MISS'}")
     native = sys.modules.get("tileops_native_cpu.builders")
     if native is not None and hasattr(native.native(), "pool_stats"):
-        rounds, chunks, caller, on_team, stalls = native.native().pool_stats()
+        rounds, chunks, caller, on_team, stalls, alone = native.native().pool_stats()
         if rounds:
-            print(f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled; "
+            print(f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled, "
+                  f"{alone} on the calling thread alone after a stall; "
                   f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
     set_default_target(None)
     return 0

@@ -299,12 +299,12 @@ def pool_line(native) -> str:
     """How native_cpu's parallel regions ran (torch's OpenMP team or its own pool)."""
     if not hasattr(native, "pool_stats"):
         return ""
-    rounds, chunks, caller, on_team, stalls = native.pool_stats()
+    rounds, chunks, caller, on_team, stalls, alone = native.pool_stats()
     if not rounds:
         return "native_cpu parallel regions: none"
-    return (f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled "
-            f"(waited over 1 ms for a late team thread); calling thread ran "
-            f"{caller / max(chunks, 1):.0%} of the chunks")
+    return (f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} of them "
+            f"stalled (waited over 1 ms for a late team thread), {alone} run on the calling thread alone after a stall; "
+            f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ Targets, checked in one run:
   gemm       >= 90% of the machine's bfloat16 peak (vdpbf16ps throughput probe)
   gemv       decode GEMVs stream their weights at >= 85% of the read probe
   silu_mul   SiluAndMul 2048x8192 >= 3x torch eager by median
-The probes (tileops_native_cpu._C.probe_*) run on threads of their own, in the parent.
+The probes (tileops_native_cpu._C.probe_*) run on threads of their own, in the parent; the
+ceilings are their best repeats.
 """
 
 from __future__ import annotations
@@ -319,10 +320,12 @@ def stats(ts: list[float]) -> tuple[float, float, float]:
 def machine(threads: int) -> dict[str, float]:
     C = nb.native()
     m = {}
+    # the best repeat: the machine can evidently do at least that (a shared machine's
+    # slow repeats would lower the bar)
     for kind in ("read", "copy", "copy_stream"):
-        m[kind] = statistics.median(C.probe_bandwidth(kind, 256, threads, 7))
+        m[kind] = max(C.probe_bandwidth(kind, 256, threads, 9))
     try:
-        m["bf16"] = statistics.median(C.probe_bf16_peak(threads, 7))
+        m["bf16"] = max(C.probe_bf16_peak(threads, 9))
     except ValueError:
         m["bf16"] = float("nan")  # no AVX-512 BF16 build on this CPU
     return m
@@ -357,6 +360,10 @@ def main() -> int:
             return 1
         runs.append(json.loads(line[5:]))
     names = [n for n in runs[0] if not n.startswith("_")]
+    # a case's kind -> what its rate counts, the ceiling it is a share of, the share to reach
+    limits = {"memory": ("bytes", "read+write", rw, MEM_SHARE, "GB/s"),
+              "gemm": ("flops", "peak", m["bf16"], GEMM_SHARE, "GFLOP/s"),
+              "gemv": ("bytes", "read", m["read"], GEMV_SHARE, "GB/s")}
     misses: list[str] = []
     hdr = (f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} {'eager ms: median':>16} {'p90':>7} "
            f"{'max':>7} {'x eager':>7}")
@@ -384,24 +391,13 @@ def main() -> int:
                     f"(eager {max(eager_meds) / min(eager_meds):.2f}x)"]
         if spread > STABLE:
             misses.append(f"stability: {name} ({spread:.2f}x)")
-        if c["kind"] == "memory":
-            rate = c["bytes"] / worst / 1e9
-            ok = rate >= MEM_SHARE * rw
-            verdicts.append(f"{rate:.1f} GB/s = {rate / rw:.0%} of read+write {'ok' if ok else 'MISS'}")
+        if c["kind"] in limits:
+            counted, ceiling_name, ceiling, share, unit = limits[c["kind"]]
+            rate = c[counted] / worst / 1e9
+            ok = rate >= share * ceiling
+            verdicts.append(f"{rate:.1f} {unit} = {rate / ceiling:.0%} of {ceiling_name} {'ok' if ok else 'MISS'}")
             if not ok:
-                misses.append(f"bandwidth: {name} ({rate / rw:.0%})")
-        elif c["kind"] == "gemm":
-            rate = c["flops"] / worst / 1e9
-            ok = rate >= GEMM_SHARE * m["bf16"]
-            verdicts.append(f"{rate:.0f} GFLOP/s = {rate / m['bf16']:.0%} of peak {'ok' if ok else 'MISS'}")
-            if not ok:
-                misses.append(f"gemm: {name} ({rate / m['bf16']:.0%})")
-        elif c["kind"] == "gemv":
-            rate = c["bytes"] / worst / 1e9
-            ok = rate >= GEMV_SHARE * m["read"]
-            verdicts.append(f"{rate:.1f} GB/s = {rate / m['read']:.0%} of read {'ok' if ok else 'MISS'}")
-            if not ok:
-                misses.append(f"gemv: {name} ({rate / m['read']:.0%})")
+                misses.append(f"{c['kind']}: {name} ({rate / ceiling:.0%})")
         if c["min_x_eager"]:
             ok = x_eager >= c["min_x_eager"]
             verdicts.append(f"x eager {x_eager:.2f} (>= {c['min_x_eager']:g}) {'ok' if ok else 'MISS'}")
@@ -410,10 +406,11 @@ def main() -> int:
         print(f"{'':<40} {'':>4} worst process: " + "; ".join(verdicts))
     print()
     for p, run in enumerate(runs):
-        rounds, chunks, caller, on_team, stalls = run["_pool"]
+        rounds, chunks, caller, on_team, stalls, alone = run["_pool"]
         if rounds:
             print(f"process {p + 1}: {rounds} parallel regions, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} "
-                  f"stalled; calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
+                  f"stalled, {alone} on the calling thread alone after a stall; calling thread ran "
+                  f"{caller / max(chunks, 1):.0%} of the chunks")
     print(f"\n{len(misses)} target(s) missed" + ("".join(f"\n  {s}" for s in misses) if misses else ""))
     return 0
 

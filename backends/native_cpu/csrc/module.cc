@@ -66,8 +66,9 @@ NB_MODULE(_C, m) {
   m.def("uses_exchange_api", &bridge_uses_exchange_api);
   m.def("pool_stats", [] {
     const PoolStats s = pool_stats();
-    return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls);
-  }, "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled) so far");
+    return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls, s.alone_after_stall);
+  }, "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled, "
+     "regions the calling thread ran alone after a stall) so far");
   m.def("output_cache_stats", [] {
     const OutputCacheStats s = output_cache_stats();
     return std::make_tuple(s.hits, s.misses, s.idle_bytes, s.budget_bytes);

@@ -63,7 +63,7 @@ bool spin_until(Pred pred, int64_t budget_ns) {
 }
 
 struct {
-  std::atomic<uint64_t> rounds{0}, chunks{0}, caller_chunks{0}, openmp_rounds{0}, openmp_stalls{0};
+  std::atomic<uint64_t> rounds{0}, chunks{0}, caller_chunks{0}, openmp_rounds{0}, openmp_stalls{0}, alone_after_stall{0};
 } g_stats;
 
 // Chunks are claimed dynamically: on a machine shared with torch's OpenMP threads (which
@@ -250,15 +250,22 @@ std::atomic<int> g_use_openmp{[] {
   return s != nullptr && std::strcmp(s, "own") == 0 ? 0 : 1;
 }()};
 
-// Every region goes to the team, stalled or not. A team thread that another process holds
-// off its core makes the region wait at OpenMP's closing barrier (torch's own ops wait the
-// same way), and regions used to go to our own pool for a while after such a stall; but
-// then our helper and the team's thread, still spinning, shared a core, and the mixed
-// regime was the least predictable of all (benchmarks/native_latency.py, 3 processes: 22
-// targets missed with the back-off against 18 without, and the only tail misses). So a
-// stall is only counted: a team thread that started over 1 ms after the region was posted,
-// or a caller that waited over 1 ms (and over 4 of its own chunks) for the others.
-constexpr int64_t kStallNs = 1000000;
+// A team thread that is not running when a region starts (another process holds its core)
+// makes the region wait at OpenMP's closing barrier for that thread's next time slice: on
+// 2 cores shared with two busy processes, a 0.07 ms GEMV took 12 ms, every call. So after
+// a region whose team thread started, or finished, over 1 ms late, the regions run on the
+// calling thread alone for 50 ms (doubling up to 1 s while the regions that try the team
+// again stall too; back to 50 ms after one that did not): a busy machine gives us one core
+// anyway, and the caller alone never waits for anyone. Not our own pool: its helper would
+// share a core with the team's thread, which spins for milliseconds after every torch op,
+// and that mixed regime was the least predictable of all (benchmarks/native_latency.py, 3
+// processes on a quiet machine: 22 targets missed with a back-off to our own pool, 18 with
+// no back-off, and the only tail misses).
+constexpr int64_t kStallNs = 1000000;          // a late or preempted team thread
+constexpr int64_t kBackoffMinNs = 50000000;    // the caller alone for this long after a stall...
+constexpr int64_t kBackoffMaxNs = 1000000000;  // ...doubling up to this
+std::atomic<int64_t> g_alone_until{0};
+std::atomic<int64_t> g_backoff_ns{kBackoffMinNs};
 
 int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
 
@@ -297,16 +304,36 @@ void omp_body(void* p) {
   tls_worker_index = 0;
 }
 
+// Runs the region on torch's team, or on the caller alone after a stall; false when there
+// is no team to use (no OpenMP runtime, or our own pool was asked for).
 bool try_run_openmp(int64_t n, int64_t chunk, int chunks, int team, TaskFn fn, void* ctx) {
   if (g_use_openmp.load(std::memory_order_relaxed) == 0) return false;
   const OmpApi* api = openmp_runtime();
   if (api == nullptr) return false;
-  if (api->in_parallel()) return false;  // inside someone's OpenMP region: stay on this thread
-  OmpRegion region{fn, ctx, n, chunk, chunks, api, now_ns()};
+  if (api->in_parallel()) {  // inside someone's OpenMP region: stay on this thread
+    fn(ctx, 0, n);
+    return true;
+  }
+  const int64_t posted = now_ns();
+  if (posted < g_alone_until.load(std::memory_order_relaxed)) {
+    fn(ctx, 0, n);
+    g_stats.rounds.fetch_add(1, std::memory_order_relaxed);
+    g_stats.chunks.fetch_add(1, std::memory_order_relaxed);  // one piece, on the caller
+    g_stats.caller_chunks.fetch_add(1, std::memory_order_relaxed);
+    g_stats.alone_after_stall.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  OmpRegion region{fn, ctx, n, chunk, chunks, api, posted};
   api->parallel(omp_body, &region, static_cast<unsigned>(team), 0);  // returns after the team's barrier
   const int64_t waited = now_ns() - region.caller_done_ns;  // for the others' last chunks
-  if (region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns))
+  if (region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns)) {
+    const int64_t backoff = g_backoff_ns.load(std::memory_order_relaxed);
+    g_alone_until.store(now_ns() + backoff, std::memory_order_relaxed);
+    g_backoff_ns.store(std::min(2 * backoff, kBackoffMaxNs), std::memory_order_relaxed);
     g_stats.openmp_stalls.fetch_add(1, std::memory_order_relaxed);
+  } else if (g_backoff_ns.load(std::memory_order_relaxed) != kBackoffMinNs) {
+    g_backoff_ns.store(kBackoffMinNs, std::memory_order_relaxed);
+  }
   g_stats.rounds.fetch_add(1, std::memory_order_relaxed);
   g_stats.chunks.fetch_add(chunks, std::memory_order_relaxed);
   g_stats.caller_chunks.fetch_add(region.caller_chunks, std::memory_order_relaxed);
@@ -345,11 +372,14 @@ PoolStats pool_stats() {
   s.caller_chunks = g_stats.caller_chunks.load();
   s.openmp_rounds = g_stats.openmp_rounds.load();
   s.openmp_stalls = g_stats.openmp_stalls.load();
+  s.alone_after_stall = g_stats.alone_after_stall.load();
   return s;
 }
 
 bool set_use_openmp(bool on) {
   g_use_openmp.store(on ? 1 : 0);
+  g_alone_until.store(0);
+  g_backoff_ns.store(kBackoffMinNs);
   return on && openmp_runtime() != nullptr;
 }
 

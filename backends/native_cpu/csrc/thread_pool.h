@@ -33,7 +33,8 @@ struct PoolStats {
   uint64_t chunks = 0;
   uint64_t caller_chunks = 0;
   uint64_t openmp_rounds = 0;  // regions run on the OpenMP team rather than our own pool
-  uint64_t openmp_stalls = 0;  // team regions that waited over 1 ms for a late thread (counted only)
+  uint64_t openmp_stalls = 0;  // team regions that waited over 1 ms for a late thread
+  uint64_t alone_after_stall = 0;  // regions the calling thread ran alone after such a stall
 };
 PoolStats pool_stats();
 
