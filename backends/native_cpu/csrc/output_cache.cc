@@ -45,14 +45,20 @@ Cache& cache() {
 }
 
 void unmap(const std::list<OutputBlock>& blocks) {
+  for (const OutputBlock& b : blocks) unmap_block(b);
+}
+
+}  // namespace
+
+void unmap_block(OutputBlock block) {
 #if defined(TNC_HAVE_MMAP)
-  for (const OutputBlock& b : blocks) munmap(b.data, b.capacity);
+  if (block.data != nullptr) munmap(block.data, block.capacity);
 #else
-  (void)blocks;
+  (void)block;
 #endif
 }
 
-OutputBlock map_block(size_t capacity) {
+OutputBlock map_huge_block(size_t capacity) {
 #if defined(TNC_HAVE_MMAP)
   // over-map by 2 MiB and cut to an aligned run, so the whole block can be huge pages
   const size_t span = capacity + kHuge;
@@ -73,8 +79,6 @@ OutputBlock map_block(size_t capacity) {
 #endif
 }
 
-}  // namespace
-
 OutputBlock output_cache_take(size_t bytes) {
   if (bytes < kOutputCacheMinBytes) return {};
   const size_t capacity = (bytes + kHuge - 1) & ~(kHuge - 1);
@@ -93,7 +97,7 @@ OutputBlock output_cache_take(size_t bytes) {
     }
     ++c.misses;
   }
-  return map_block(capacity);
+  return map_huge_block(capacity);
 }
 
 void output_cache_give(OutputBlock block) {

@@ -27,6 +27,12 @@ OutputBlock output_cache_take(size_t bytes);
 // Gives a block back (any thread, with or without the GIL).
 void output_cache_give(OutputBlock block);
 
+// A fresh mapping of `capacity` bytes (a multiple of 2 MiB), 2 MiB aligned, huge pages
+// advised; {nullptr, 0} where mmap is missing or fails. Also what the machine probes
+// measure on (bind/probe.cc), so that their ceiling is the memory our outputs live in.
+OutputBlock map_huge_block(size_t capacity);
+void unmap_block(OutputBlock block);
+
 struct OutputCacheStats {
   uint64_t hits = 0, misses = 0;  // takes served by an idle block / by a new mapping
   uint64_t idle_bytes = 0, budget_bytes = 0;
