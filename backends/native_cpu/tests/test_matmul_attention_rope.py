@@ -17,6 +17,18 @@ def test_gemm_matches_matmul_in_every_layout(dtype, trans_a, trans_b, m, n, k):
     close(out, ref.to(dtype), scale=max(1.0, k**0.5 / 4))
 
 
+# The packed bfloat16 GEMM works in blocks of 2048 along K and N: sizes over one block, with
+# odd tails, accumulate across K blocks and store several column blocks.
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_bf16_gemm_across_k_and_n_blocks(trans_b):
+    m, n, k = 300, 2100, 2101
+    a = torch.randn(m, k, dtype=torch.bfloat16)
+    bm = torch.randn((n, k) if trans_b else (k, n), dtype=torch.bfloat16)
+    out = run(b.build_gemm, a, bm, trans_a=False, trans_b=trans_b)
+    ref = a.float() @ (bm.float().T if trans_b else bm.float())
+    close(out, ref.to(torch.bfloat16), scale=k**0.5 / 4)
+
+
 # m <= 16 takes the skinny (GEMV) path, which streams B in place: odd K and N off the vector
 # width, one column, one K; m up to 16 (groups of 8 rows) against the blocked path at m = 17.
 @pytest.mark.parametrize("dtype", HALVES)

@@ -13,8 +13,8 @@
 // in float32, twice the rate of the float32 FMA path. Operands are packed as K-pairs:
 // A as one 32-bit (a[i,k], a[i,k+1]) word per row, B as 32 columns x one pair each.
 constexpr int kMRb = 12;
-constexpr int64_t kKCb = 1024;  // K per block (512 pairs): A micro-panel 24 KB, B panel 64 KB
-constexpr int64_t kNCb = 1024;
+constexpr int64_t kKCb = 2048;  // K per block (1024 pairs): A micro-panel 48 KB, B panel 128 KB
+constexpr int64_t kNCb = 2048;
 
 // With `out` set (the whole K in one block) the tile is rounded and stored to the bf16
 // result directly, skipping the float accumulator's round trip.
