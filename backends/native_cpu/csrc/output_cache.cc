@@ -3,8 +3,10 @@
 #include <cstdlib>
 #include <list>
 #include <mutex>
+#include <new>
 
 #if defined(__linux__) || defined(__APPLE__)
+#include <pthread.h>
 #include <sys/mman.h>
 #define TNC_HAVE_MMAP 1
 #endif
@@ -40,7 +42,16 @@ struct Cache {
 };
 
 Cache& cache() {
-  static Cache* c = new Cache();  // never destroyed: tensors may be freed during teardown
+  static Cache* c = [] {
+    auto* made = new Cache();  // never destroyed: tensors may be freed during teardown
+#if defined(TNC_HAVE_MMAP)
+    // A fork while another thread holds the mutex (a tensor freed on another thread) would
+    // leave it locked forever in the child, a DataLoader worker say: the child starts with
+    // a fresh one (its copy of the idle list is its own, copy-on-write).
+    pthread_atfork(nullptr, nullptr, [] { new (&cache().mutex) std::mutex(); });
+#endif
+    return made;
+  }();
   return *c;
 }
 

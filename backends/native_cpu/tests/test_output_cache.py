@@ -104,3 +104,26 @@ def test_small_outputs_and_the_fallback_bridge_do_not_use_it(native):
         assert stats(native) == before
     finally:
         native.force_fallback(False)
+
+
+def test_a_forked_child_gets_warm_outputs_too(native, relu):
+    import os
+
+    x = torch.randn(ROWS, N)
+    relu(x)  # the parent holds an idle block when it forks
+    pid = os.fork()
+    if pid == 0:  # the child: one thread (an OpenMP team does not survive a fork)
+        code = 1
+        try:
+            torch.set_num_threads(1)
+            one = b.build_relu(spec(x), inplace=False)
+            hits = stats(native)[0]
+            for _ in range(4):
+                if not torch.equal(one(x), x.relu()):
+                    break
+            else:
+                code = 0 if stats(native)[0] - hits >= 3 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
