@@ -337,6 +337,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=41, help="timed calls per case and process (>= 31)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated case-name prefixes")
+    ap.add_argument("--thp", action="store_true",
+                    help="children run with THP_MEM_ALLOC_ENABLE=1: torch's allocator asks for huge pages, for "
+                         "inputs (and eager's outputs) as native_cpu's outputs already have")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -347,13 +350,15 @@ def main() -> int:
     rw = max(m["copy"], m["copy_stream"])
     env = {k: v for k, v in os.environ.items() if k.startswith("TILEOPS_NATIVE_CPU")}
     print(f"torch {torch.__version__}, {threads} threads, native_cpu ISA {nb.native().isa()}; {args.procs} fresh "
-          f"processes x {args.calls} calls per case" + (f"; env {env}" if env else ""))
+          f"processes x {args.calls} calls per case" + (f"; env {env}" if env else "")
+          + ("; children with THP_MEM_ALLOC_ENABLE=1" if args.thp else ""))
     print(f"machine ({threads} threads, 256 MiB): read {m['read']:.1f} GB/s, copy {m['copy']:.1f} GB/s, "
           f"streaming copy {m['copy_stream']:.1f} GB/s (read+write), bf16 vdpbf16ps peak {m['bf16']:.0f} GFLOP/s\n")
     runs = []
     for p in range(args.procs):
         cmd = [sys.executable, __file__, "--child", f"--calls={args.calls}", f"--warmup={args.warmup}", f"--only={args.only}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        child_env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1") if args.thp else None
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")), None)
         if proc.returncode != 0 or line is None:
             print(f"process {p + 1} failed (exit status {proc.returncode}):\n{proc.stdout}{proc.stderr}")
