@@ -280,6 +280,7 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
     "SiluAndMulFwdOp": lambda: _gated(F.silu),
     "GeluTanhAndMulFwdOp": lambda: _gated(lambda gate: F.gelu(gate, approximate="tanh")),
+    "GeluAndMulFwdOp": lambda: _gated(F.gelu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,

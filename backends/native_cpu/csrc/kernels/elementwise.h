@@ -79,7 +79,7 @@ struct ActivationList {};
 // Every activation, in the order of their tnc::Activation values: a new one goes last.
 using Activations = ActivationList<Silu, Gelu, GeluTanh, Relu>;
 // The activations the gated kernel is compiled for (SiluAndMul).
-using GatedActivations = ActivationList<Silu, GeluTanh>;
+using GatedActivations = ActivationList<Silu, GeluTanh, Gelu>;
 
 template <class... A, class Fn>
 inline void for_each_activation(ActivationList<A...>, Fn fn) {

@@ -77,6 +77,7 @@ _TABLE: dict[str, Factory] = {
     "ReluFwdOp": activation("relu"),
     "SiluAndMulFwdOp": gated("silu"),
     "GeluTanhAndMulFwdOp": gated("gelu_tanh"),
+    "GeluAndMulFwdOp": gated("gelu"),
     "ClampFwdOp": clamp(),
     "RopeNeoxFwdOp": rope_neox(),
     "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
