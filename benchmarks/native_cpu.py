@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops_native_cpu import builders as nb
+from tileops_native_cpu.builders import BUILDERS
 
 
 class Spec(NamedTuple):
@@ -116,6 +117,13 @@ def cases() -> list[Case]:
     add("FusedAddRMSNorm", f"[{M},{N}] bf16", [x, res, w], fused_eager, nb.build_fused_add_rms_norm, dict(eps=1e-6),
         bytes=(4 * M * N + N) * eb, target_eager=3)
     bias = r(N, dtype=bf)
+
+    def fused_ln_eager(x, res, w, b):
+        s = x + res
+        return F.layer_norm(s, (N,), w, b, 1e-5), s
+
+    add("FusedAddLayerNorm", f"[{M},{N}] bf16", [x, res, w, bias], fused_ln_eager, nb.build_fused_add_layer_norm,
+        dict(eps=1e-5), bytes=(4 * M * N + 2 * N) * eb, target_eager=1.5)
     add("LayerNorm", f"[{M},{N}] bf16", [x, w, bias], lambda x, w, b: F.layer_norm(x, (N,), w, b, 1e-5), nb.build_layer_norm,
         dict(normalized_shape=(N,), eps=1e-5), bytes=(2 * M * N + 2 * N) * eb, target_eager=1.2)
     g = r(8, 128, 32, 32, dtype=bf)
@@ -178,6 +186,13 @@ def cases() -> list[Case]:
         return F.silu(gate) * value
 
     add("SiluAndMul", "[512,28672] bf16", [xg], silu_mul, nb.build_silu_and_mul, {}, bytes=3 * 512 * 14336 * eb, target_eager=3)
+
+    def gelu_mul(x):
+        gate, value = x.chunk(2, -1)
+        return F.gelu(gate) * value
+
+    add("GeluAndMul", "[512,28672] bf16", [xg], gelu_mul, BUILDERS["GeluAndMulFwdOp"], {}, bytes=3 * 512 * 14336 * eb,
+        target_eager=1.5)
     lo, hi = r(M, N, dtype=bf) - 1, r(M, N, dtype=bf) + 1
     add("Clamp", f"[{M},{N}] bf16 min+max", [x, lo, hi], torch.clamp, nb.build_clamp, {}, bytes=4 * M * N * eb)
     xr = r(4096, 128, dtype=bf)

@@ -99,3 +99,20 @@ def test_a_new_row_count_reuses_the_specialisation_without_a_new_build():
     }
     assert len(kernels) == 1
     assert b.specialisations.builds - before <= 1
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 257), (3, 5, 100), (2, 1)])
+def test_fused_add_layer_norm_returns_output_and_residual_in_that_order(dtype, shape):
+    x, r = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    w, bias = torch.randn(shape[-1], dtype=dtype), torch.randn(shape[-1], dtype=dtype)
+    out, res = run(b.build_fused_add_layer_norm, x, r, w, bias, eps=1e-5)
+    summed = x + r
+    assert torch.equal(res, summed)
+    close(out, F.layer_norm(summed.float(), (shape[-1],), w.float(), bias.float(), 1e-5).to(dtype))
+
+
+def test_fused_add_layer_norm_refuses_a_bias_of_the_wrong_size():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        b.build_fused_add_layer_norm(spec(x), spec(x), spec(x[0]), spec(torch.randn(7)), eps=1e-5)

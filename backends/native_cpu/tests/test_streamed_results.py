@@ -26,6 +26,15 @@ def test_rmsnorm_and_fused_add(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_layer_norm(dtype):
+    x, r = torch.randn(BIG[dtype], dtype=dtype), torch.randn(BIG[dtype], dtype=dtype)
+    w, bias = torch.randn(4096, dtype=dtype), torch.randn(4096, dtype=dtype)
+    out, res = run(b.build_fused_add_layer_norm, x, r, w, bias, eps=1e-5)
+    assert torch.equal(res, x + r)
+    close(out, F.layer_norm((x + r).float(), (4096,), w.float(), bias.float(), 1e-5).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_norm(dtype):
     x = torch.randn(BIG[dtype], dtype=dtype)
     w, bias = torch.randn(4096, dtype=dtype), torch.randn(4096, dtype=dtype)

@@ -113,6 +113,16 @@ def _fused_add_rms_norm() -> Callable[..., RefResult]:
     return ref
 
 
+def _fused_add_layer_norm() -> Callable[..., RefResult]:
+    def ref(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, *, eps: float) -> tuple[Tensor, Tensor]:
+        # as _fused_add_rms_norm: r in float32 for the norm, residual_out is r rounded once
+        r = _up(x) + _up(residual)  # type: ignore[operator]
+        out = F.layer_norm(r, [r.shape[-1]], _up(weight), _up(bias), eps)
+        return _down(out, x), _down(r, x)
+
+    return ref
+
+
 def _layer_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     def ref(
         x: Tensor, weight: Tensor, bias: Tensor, *, normalized_shape: tuple[int, ...], eps: float
@@ -278,6 +288,7 @@ _ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]
 # op -> its math, for the entries whose ref_api is none.
 _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
+    "FusedAddLayerNormFwdOp": _fused_add_layer_norm,
     "SiluAndMulFwdOp": lambda: _gated(F.silu),
     "GeluTanhAndMulFwdOp": lambda: _gated(lambda gate: F.gelu(gate, approximate="tanh")),
     "GeluAndMulFwdOp": lambda: _gated(F.gelu),

@@ -1,5 +1,5 @@
-// Marshalling of the norm family (kernels/norm.h): RMSNorm, fused add + RMSNorm, LayerNorm
-// and GroupNorm kernel objects.
+// Marshalling of the norm family (kernels/norm.h): RMSNorm, LayerNorm, their fused add + norm
+// forms, and GroupNorm kernel objects.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
@@ -14,48 +14,47 @@ const char* row_norm_kernel_name(RowNorm kind) {
     case RowNorm::rms: return "rms_norm";
     case RowNorm::fused_add_rms: return "fused_add_rms_norm";
     case RowNorm::layer: return "layer_norm";
+    case RowNorm::fused_add_layer: return "fused_add_layer_norm";
   }
   return "";
 }
 
 // Normalises the last n elements of x (n = 0: x has no elements, the results neither).
+// Inputs: x, [residual,] weight, [bias]; the fused kinds return (output, residual_out).
 struct RowNormKernel final : Kernel {
   RowNorm kind;
   int64_t n;
   float eps;
   KernelFn<NormArgs> run;
   PyObject* call(PyObject* const* args, Py_ssize_t nargs) override {
-    const Py_ssize_t want = kind == RowNorm::rms ? 2 : 3;
-    if (!expect_args(*this, nargs, want)) return nullptr;
-    TensorView x, second, third;
-    if (!read(*this, args[0], x, "x") || !read(*this, args[1], second, kind == RowNorm::fused_add_rms ? "residual" : "weight"))
-      return nullptr;
-    if (want == 3 && !read(*this, args[2], third, kind == RowNorm::layer ? "bias" : "weight")) return nullptr;
-    const TensorView& w = kind == RowNorm::fused_add_rms ? third : second;
+    const bool fused = kind == RowNorm::fused_add_rms || kind == RowNorm::fused_add_layer;
+    const bool biased = kind == RowNorm::layer || kind == RowNorm::fused_add_layer;
+    if (!expect_args(*this, nargs, 2 + (fused ? 1 : 0) + (biased ? 1 : 0))) return nullptr;
+    TensorView x, residual, w, bias;
+    Py_ssize_t at = 0;
+    if (!read(*this, args[at++], x, "x")) return nullptr;
+    if (fused && !read(*this, args[at++], residual, "residual")) return nullptr;
+    if (!read(*this, args[at++], w, "weight")) return nullptr;
+    if (biased && !read(*this, args[at++], bias, "bias")) return nullptr;
     if (x.ndim == 0 || (n == 0 ? x.numel != 0 : x.numel % n != 0))
       return shape_error(*this, "x must end in the normalized shape", x, "x");
     if (w.numel != n) return shape_error(*this, "weight must hold the normalized shape", w, "weight");
-    if (kind == RowNorm::fused_add_rms && second.numel != x.numel)
-      return shape_error(*this, "residual must have x's shape", second, "residual");
-    if (kind == RowNorm::layer && third.numel != n) return shape_error(*this, "bias must hold the normalized shape", third, "bias");
+    if (fused && residual.numel != x.numel) return shape_error(*this, "residual must have x's shape", residual, "residual");
+    if (biased && bias.numel != n) return shape_error(*this, "bias must hold the normalized shape", bias, "bias");
     NormArgs a{};
     a.x = x.data;
     a.rows = n == 0 ? 0 : x.numel / n;
     a.n = n;
     a.eps = eps;
     a.weight = w.data;
+    a.bias = biased ? bias.data : nullptr;
+    a.residual = fused ? residual.data : nullptr;
     PyObject* out = new_tensor(x.ndim, x.shape, dtype, &a.out);
     if (out == nullptr) return nullptr;
-    if (kind == RowNorm::rms) {
+    if (!fused) {
       run_released(x.numel, [&] { run(a, threads); });
       return out;
     }
-    if (kind == RowNorm::layer) {
-      a.bias = third.data;
-      run_released(x.numel, [&] { run(a, threads); });
-      return out;
-    }
-    a.residual = second.data;
     PyObject* rout = new_tensor(x.ndim, x.shape, dtype, &a.residual_out);
     if (rout == nullptr) {
       Py_DECREF(out);
@@ -116,7 +115,8 @@ void bind_norm(nb::module_& m) {
   nb::enum_<RowNorm>(m, "RowNorm")
       .value("rms", RowNorm::rms)
       .value("fused_add_rms", RowNorm::fused_add_rms)
-      .value("layer", RowNorm::layer);
+      .value("layer", RowNorm::layer)
+      .value("fused_add_layer", RowNorm::fused_add_layer);
   m.def("row_norm", [](RowNorm kind, DType dtype, int64_t n, float eps, int threads, const std::string& d) {
     if (n < 0) throw nb::value_error("row_norm: the normalized size n must be >= 0");
     auto k = std::make_unique<RowNormKernel>();

@@ -1,5 +1,5 @@
-// The norm family: RMSNorm, fused add + RMSNorm, LayerNorm over the last n elements of
-// each row, GroupNorm over [N, C, *spatial]. Included inside a per-ISA namespace by
+// The norm family: RMSNorm, LayerNorm and their fused add + norm forms over the last n
+// elements of each row, GroupNorm over [N, C, *spatial]. Included inside a per-ISA namespace by
 // kernels/families.h (after kernels/common.h); marshalling in bind/norm.cc.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
@@ -24,48 +24,68 @@ void rms_norm(const tnc::NormArgs& a, int threads) {
   });
 }
 
-template <class T>
-void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
+// The fused kernels' first pass over a row: s = x + res rounded to T (the norm is of the
+// residual stream as stored), streamed to rout as well when St (then s is this thread's
+// cached copy, rout has left the caches). Returns the sum and the sum of squares of the
+// rounded s, read back as stored.
+struct RowSums {
+  float sum, squares;
+};
+template <bool St, class T>
+inline RowSums fused_add_row(const T* x, const T* res, T* s, T* rout, int64_t n) {
+  F sum = S::zero(), sq0 = S::zero(), sq1 = S::zero();
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const F v = S::add(S::load(x + i), S::load(res + i));
+    S::store(s + i, v);
+    if constexpr (St) S::stream(rout + i, v);
+    const F rounded = S::load(s + i);
+    sum = S::add(sum, rounded);
+    if ((i / W) % 2 == 0) {
+      sq0 = S::fma(rounded, rounded, sq0);
+    } else {
+      sq1 = S::fma(rounded, rounded, sq1);
+    }
+  }
+  if (i < n) {  // never when streaming (n is a multiple of W then)
+    storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
+    const F rounded = loadc(s + i, n - i);
+    sum = S::add(sum, rounded);
+    sq0 = S::fma(rounded, rounded, sq0);
+  }
+  return {S::reduce_add(sum), S::reduce_add(S::add(sq0, sq1))};
+}
+
+// Runs row(x, res, s, rout, y, n) for every row of a fused kernel, streaming both results
+// when they are large (see streams()); s is where the row's rounded sum is.
+template <class T, class Row>
+void fused_add_rows(const tnc::NormArgs& a, int threads, Row row) {
   const int64_t n = a.n;
   with_stream(streams<T>(a.out, a.rows * n, n) && streams<T>(a.residual_out, a.rows * n, n), [&](auto stream) {
     constexpr bool St = decltype(stream)::value;
     tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
-      const T* w = static_cast<const T*>(a.weight);
-      // The sum is rounded to T first: the norm is of the residual stream as stored. One
-      // pass stores it, reads it back (rounded) for the sum of squares and, when the
-      // results stream, streams it out too; the second pass then reads this thread's
-      // cached copy, not the streamed one, which has left the caches.
       T* cached = St ? reinterpret_cast<T*>(scratch(static_cast<size_t>(n))) : nullptr;
       for (int64_t r = r0; r < r1; ++r) {
-        const T* x = static_cast<const T*>(a.x) + r * n;
-        const T* res = static_cast<const T*>(a.residual) + r * n;
-        T* y = static_cast<T*>(a.out) + r * n;
         T* rout = static_cast<T*>(a.residual_out) + r * n;
-        T* s = St ? cached : rout;
-        F sq0 = S::zero(), sq1 = S::zero();
-        int64_t i = 0;
-        for (; i + W <= n; i += W) {
-          const F v = S::add(S::load(x + i), S::load(res + i));
-          S::store(s + i, v);
-          if constexpr (St) S::stream(rout + i, v);
-          const F rounded = S::load(s + i);
-          if ((i / W) % 2 == 0) {
-            sq0 = S::fma(rounded, rounded, sq0);
-          } else {
-            sq1 = S::fma(rounded, rounded, sq1);
-          }
-        }
-        if (i < n) {  // never when streaming (n is a multiple of W then)
-          storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
-          const F rounded = loadc(s + i, n - i);
-          sq0 = S::fma(rounded, rounded, sq0);
-        }
-        const F scale = S::set1(1.f / std::sqrt(S::reduce_add(S::add(sq0, sq1)) / static_cast<float>(n) + a.eps));
-        for (i = 0; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
-        if (i < n) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
+        row(std::bool_constant<St>{}, static_cast<const T*>(a.x) + r * n, static_cast<const T*>(a.residual) + r * n,
+            St ? cached : rout, rout, static_cast<T*>(a.out) + r * n);
       }
       if constexpr (St) S::stream_fence();
     });
+  });
+}
+
+template <class T>
+void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
+  const int64_t n = a.n;
+  const T* w = static_cast<const T*>(a.weight);
+  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y) {
+    constexpr bool St = decltype(stream)::value;
+    const float sq = fused_add_row<St>(x, res, s, rout, n).squares;
+    const F scale = S::set1(1.f / std::sqrt(sq / static_cast<float>(n) + a.eps));
+    int64_t i = 0;
+    for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
+    if (i < n) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
   });
 }
 
@@ -86,31 +106,45 @@ inline float centred_sum_squares(const T* x, int64_t n, float mean) {
   return S::reduce_add(S::add(a0, a1));
 }
 
+// y = (x - mean) / sqrt(var + eps) * w + b over one row whose mean is known, the variance
+// from a second pass over the centred row (float32).
+template <bool St, class T>
+inline void layer_norm_row(const T* x, const T* w, const T* b, T* y, int64_t n, float mean, float eps) {
+  const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
+  const F rstd = S::set1(1.f / std::sqrt(var + eps));
+  const F m = S::set1(mean);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store_full<St>(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
+  if (i < n) {
+    const int64_t c = n - i;
+    storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
+  }
+}
+
 template <class T>
 void layer_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
   with_stream(streams<T>(a.out, a.rows * n, n), [&](auto stream) {
     constexpr bool St = decltype(stream)::value;
     tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
-      const T* w = static_cast<const T*>(a.weight);
-      const T* b = static_cast<const T*>(a.bias);
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * n;
-        T* y = static_cast<T*>(a.out) + r * n;
-        const float mean = sum_run(x, n) / static_cast<float>(n);
-        const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
-        const F rstd = S::set1(1.f / std::sqrt(var + a.eps));
-        const F m = S::set1(mean);
-        int64_t i = 0;
-        for (; i + W <= n; i += W)
-          store_full<St>(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
-        if (i < n) {
-          const int64_t c = n - i;
-          storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
-        }
+        layer_norm_row<St>(x, static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out) + r * n, n,
+                           sum_run(x, n) / static_cast<float>(n), a.eps);
       }
       if constexpr (St) S::stream_fence();
     });
+  });
+}
+
+template <class T>
+void fused_add_layer_norm(const tnc::NormArgs& a, int threads) {
+  const T* w = static_cast<const T*>(a.weight);
+  const T* b = static_cast<const T*>(a.bias);
+  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y) {
+    constexpr bool St = decltype(stream)::value;
+    const float mean = fused_add_row<St>(x, res, s, rout, a.n).sum / static_cast<float>(a.n);
+    layer_norm_row<St>(s, w, b, y, a.n, mean, a.eps);
   });
 }
 
@@ -148,6 +182,7 @@ inline void register_norm(tnc::KernelTable& t) {
   for_each_float_type([&]<class T>(tnc::DType d) {
     t.add<tnc::NormArgs>("rms_norm", d, rms_norm<T>);
     t.add<tnc::NormArgs>("fused_add_rms_norm", d, fused_add_rms_norm<T>);
+    t.add<tnc::NormArgs>("fused_add_layer_norm", d, fused_add_layer_norm<T>);
     t.add<tnc::NormArgs>("layer_norm", d, layer_norm<T>);
     t.add<tnc::GroupNormArgs>("group_norm", d, group_norm<T>);
   });

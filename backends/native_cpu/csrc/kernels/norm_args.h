@@ -6,7 +6,7 @@
 namespace tnc {
 
 // The row norms: one kernel object each, bound to Python as _C.RowNorm.
-enum class RowNorm : int { rms = 0, fused_add_rms = 1, layer = 2 };
+enum class RowNorm : int { rms = 0, fused_add_rms = 1, layer = 2, fused_add_layer = 3 };
 
 struct NormArgs {
   const void* x;

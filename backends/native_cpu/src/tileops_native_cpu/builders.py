@@ -40,6 +40,7 @@ from .factories import (
     binary,
     bmm,
     clamp,
+    fused_add_layer_norm,
     fused_add_rms_norm,
     gated,
     gemm,
@@ -61,6 +62,7 @@ __all__ = ["ALL_DTYPES", "BUILDERS", "FLOATS", "HALVES", "INTEGRAL", "MAX_DIMS",
 _TABLE: dict[str, Factory] = {
     "RMSNormFwdOp": rms_norm(HALVES),
     "FusedAddRMSNormFwdOp": fused_add_rms_norm(HALVES),
+    "FusedAddLayerNormFwdOp": fused_add_layer_norm(FLOATS),
     "LayerNormFwdOp": layer_norm(FLOATS),
     "GroupNormFwdOp": group_norm(FLOATS),
     "SoftmaxFwdOp": softmax(log=False),
@@ -103,6 +105,7 @@ def detect(device: torch.device) -> bool:
 # The names tests and benchmarks/native_cpu.py call builders by.
 build_rms_norm = BUILDERS["RMSNormFwdOp"]
 build_fused_add_rms_norm = BUILDERS["FusedAddRMSNormFwdOp"]
+build_fused_add_layer_norm = BUILDERS["FusedAddLayerNormFwdOp"]
 build_layer_norm = BUILDERS["LayerNormFwdOp"]
 build_group_norm = BUILDERS["GroupNormFwdOp"]
 build_softmax = BUILDERS["SoftmaxFwdOp"]

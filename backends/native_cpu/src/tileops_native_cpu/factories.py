@@ -65,18 +65,35 @@ def rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
     return factory
 
 
+def _fused_add(op: str, x: Any, residual: Any, **affine: Any) -> int:
+    """The hidden size of a fused add + norm; refuses shapes its manifest refuses."""
+    if len(x.shape) < 1:
+        raise fail(op, "x must have at least 1 dim", f"x of shape {shape_of(x)}")
+    if shape_of(residual) != shape_of(x):
+        raise fail(op, f"residual must have x's shape {shape_of(x)}", f"residual of shape {shape_of(residual)}")
+    n = int(x.shape[-1])
+    for name, t in affine.items():
+        if shape_of(t) != (n,):
+            raise fail(op, f"{name} must have shape ({n},)", f"{name} of shape {shape_of(t)}")
+    return n
+
+
 def fused_add_rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
     def factory(op: str) -> Builder:
         def build(x: Any, residual: Any, weight: Any, *, eps: float) -> Any:
             check_inputs(op, dtypes, x=x, residual=residual, weight=weight)
-            if len(x.shape) < 1:
-                raise fail(op, "x must have at least 1 dim", f"x of shape {shape_of(x)}")
-            if shape_of(residual) != shape_of(x):
-                raise fail(op, f"residual must have x's shape {shape_of(x)}", f"residual of shape {shape_of(residual)}")
-            n = int(x.shape[-1])
-            if shape_of(weight) != (n,):
-                raise fail(op, f"weight must have shape ({n},)", f"weight of shape {shape_of(weight)}")
-            return _row_norm(op, "fused_add_rms", x, n, eps)
+            return _row_norm(op, "fused_add_rms", x, _fused_add(op, x, residual, weight=weight), eps)
+
+        return build
+
+    return factory
+
+
+def fused_add_layer_norm(dtypes: Sequence[torch.dtype]) -> Factory:
+    def factory(op: str) -> Builder:
+        def build(x: Any, residual: Any, weight: Any, bias: Any, *, eps: float) -> Any:
+            check_inputs(op, dtypes, x=x, residual=residual, weight=weight, bias=bias)
+            return _row_norm(op, "fused_add_layer", x, _fused_add(op, x, residual, weight=weight, bias=bias), eps)
 
         return build
 
