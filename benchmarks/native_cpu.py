@@ -84,6 +84,16 @@ def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def _scaled_rope_tables(op: str, seq: int, dim: int, params: dict, dtype: torch.dtype):
+    from tileops.testing.references import llama31_inv_freq, yarn_inv_freq
+
+    p = dict(params)
+    factor = p.pop("attn_factor", 1.0)
+    freqs = (llama31_inv_freq if op == "RopeLlama31FwdOp" else yarn_inv_freq)(dim // 2, 10000.0, **p)
+    ang = torch.outer(torch.arange(seq, dtype=torch.float32), freqs)
+    return (ang.cos() * factor).to(dtype), (ang.sin() * factor).to(dtype)
+
+
 def rope_eager(x, cos, sin):
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -199,6 +209,14 @@ def cases() -> list[Case]:
     c1, s1 = rope_tables(4096, 128, bf)
     add("RopeNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_eager(x, c1, s1), nb.build_rope_neox,
         dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=3)
+    for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_position=8192)),
+                       ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
+                                              attn_factor=1.0))):
+        # eager: the same rotation from tables built once, as RopeNeox's eager case does
+        cs, sn = _scaled_rope_tables(op, 4096, 128, params, bf)
+        add(op[:-5], "1d seq4096 d128 bf16", [xr], lambda x, c=cs, s_=sn: rope_eager(x, c, s_), BUILDERS[op],
+            dict(layout="1d", base=10000.0, **params), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=1.5)
     x2 = r(2, 2048, 32, 128, dtype=fp)
     c2, s2 = rope_tables(2048, 128, fp)
     add("RopeNeox", "2d [2,2048,32,128] fp16", [x2], lambda x: rope_eager(x, c2[:, None], s2[:, None]), nb.build_rope_neox,

@@ -15,6 +15,7 @@ manifest's inputs and params as they are needs nothing here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +84,42 @@ def rope_cos_sin(
     inv_freq = 1.0 / (base**exponent)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def llama31_inv_freq(
+    half: int, base: float, *, scale_factor: float, low_freq_factor: float, high_freq_factor: float,
+    original_max_position: int, device: torch.device | None = None,
+) -> Tensor:
+    """Llama-3.1's frequencies: wavelengths 2*pi/f shorter than orig/high_freq_factor keep
+    f, longer than orig/low_freq_factor take f/scale_factor, and a linear blend between."""
+    inv_freq = 1.0 / (base ** (torch.arange(half, dtype=torch.float32, device=device) / half))
+    wavelength = 2 * math.pi / inv_freq
+    low_wl, high_wl = original_max_position / low_freq_factor, original_max_position / high_freq_factor
+    smooth = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv_freq / scale_factor + smooth * inv_freq
+    return torch.where(wavelength < high_wl, inv_freq, torch.where(wavelength > low_wl, inv_freq / scale_factor, blended))
+
+
+def yarn_inv_freq(
+    half: int, base: float, *, scale: float, original_max_position: int, beta_fast: float, beta_slow: float,
+    device: torch.device | None = None,
+) -> Tensor:
+    """YaRN's frequencies, as upstream computes them: interpolated (scale applied to the
+    base) below the beta_slow correction dim, extrapolated above beta_fast, a ramp between;
+    correction dims are taken over `half`."""
+    k = torch.arange(half, dtype=torch.float32, device=device)
+    extra = 1.0 / (base ** (k / half))
+    inter = 1.0 / ((scale * base) ** (k / half))
+
+    def correction_dim(rotations: float) -> float:
+        return half * math.log(original_max_position / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), half - 1)
+    if low == high:
+        high += 1
+    keep = 1 - ((k - low) / (high - low)).clamp(0, 1)  # 1: extrapolated, 0: interpolated
+    return inter * (1 - keep) + extra * keep
 
 
 def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -177,6 +214,26 @@ def _rope_neox() -> Callable[..., RefResult]:
         positions = torch.arange(seq_len, device=x.device)
         cos, sin = rope_cos_sin(positions, x.shape[-1], base, x.dtype)
         if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
+            cos, sin = cos[:, None, :], sin[:, None, :]
+        return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
+
+    return ref
+
+
+def _rope_scaled(
+    inv_freq: Callable[..., Tensor], names: tuple[str, ...], cos_sin_scale: str | None = None
+) -> Callable[..., RefResult]:
+    """A NeoX rotation at positions 0..S-1 whose frequencies come from `inv_freq`, given
+    the params in `names`; `cos_sin_scale` names a param that multiplies cos and sin."""
+
+    def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
+        seq_len = x.shape[1] if layout == "2d" else x.shape[0]
+        half = x.shape[-1] // 2
+        freqs = inv_freq(half, base, device=x.device, **{n: params[n] for n in names})
+        angles = torch.arange(seq_len, dtype=torch.float32, device=x.device)[:, None] * freqs[None, :]
+        factor = params[cos_sin_scale] if cos_sin_scale else 1.0
+        cos, sin = (angles.cos() * factor).to(x.dtype), (angles.sin() * factor).to(x.dtype)
+        if layout == "2d":
             cos, sin = cos[:, None, :], sin[:, None, :]
         return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
 
@@ -294,6 +351,12 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "GeluAndMulFwdOp": lambda: _gated(F.gelu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
+    "RopeLlama31FwdOp": lambda: _rope_scaled(
+        llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position")
+    ),
+    "RopeYarnFwdOp": lambda: _rope_scaled(
+        yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), cos_sin_scale="attn_factor"
+    ),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -83,6 +83,8 @@ _TABLE: dict[str, Factory] = {
     "ClampFwdOp": clamp(),
     "RopeNeoxFwdOp": rope_neox(),
     "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
+    "RopeLlama31FwdOp": rope_neox(scaling="llama31"),
+    "RopeYarnFwdOp": rope_neox(scaling="yarn"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }

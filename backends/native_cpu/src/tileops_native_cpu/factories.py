@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -346,21 +346,90 @@ def clamp(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
 # rope family (csrc/kernels/rope.h)
 
 
-def _rope_tables(positions: int, rotary_dim: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos/sin [positions, rotary_dim/2], rounded through x's dtype like the op's tables."""
-    half = rotary_dim // 2
-    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+def _inv_freq(half: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+
+
+def _llama31_inv_freq(half: int, base: float, scale_factor: float, low_freq_factor: float, high_freq_factor: float,
+                      original_max_position: int) -> torch.Tensor:
+    """Wavelengths 2*pi/f under orig/high_freq_factor keep f, over orig/low_freq_factor take
+    f/scale_factor, a linear blend between."""
+    f = _inv_freq(half, base)
+    wl = 2 * math.pi / f
+    s = (original_max_position / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    scaled = f / scale_factor
+    return torch.where(wl < original_max_position / high_freq_factor, f,
+                       torch.where(wl > original_max_position / low_freq_factor, scaled, (1 - s) * scaled + s * f))
+
+
+def _yarn_inv_freq(half: int, base: float, scale: float, original_max_position: int, beta_fast: float,
+                   beta_slow: float) -> torch.Tensor:
+    """Interpolated ((scale * base)^(-k/half)) below the beta_slow correction dim,
+    extrapolated (base^(-k/half)) above beta_fast, a linear ramp between; correction dims
+    over `half` (upstream's convention)."""
+    k = torch.arange(half, dtype=torch.float32)
+
+    def dim(rotations: float) -> float:
+        return half * math.log(original_max_position / (2 * math.pi * rotations)) / (2 * math.log(base))
+
+    low, high = max(math.floor(dim(beta_fast)), 0), min(math.ceil(dim(beta_slow)), half - 1)
+    high += low == high
+    keep = 1 - ((k - low) / (high - low)).clamp(0, 1)
+    return (1.0 / ((scale * base) ** (k / half))) * (1 - keep) + _inv_freq(half, base) * keep
+
+
+# A RoPE scaling: its params with their defaults, what must hold of them (as the op's
+# param_rules), and (half, base, **params) -> (inverse frequencies, factor on cos and sin).
+class RopeScaling(NamedTuple):
+    defaults: dict[str, Any]
+    rules: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...]
+    frequencies: Callable[..., tuple[torch.Tensor, float]]
+
+
+ROPE_SCALINGS: dict[str, RopeScaling] = {
+    "llama31": RopeScaling(
+        dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192),
+        (("base > 0", lambda p: p["base"] > 0),
+         ("scale_factor > 0", lambda p: p["scale_factor"] > 0),
+         ("high_freq_factor > low_freq_factor > 0", lambda p: p["high_freq_factor"] > p["low_freq_factor"] > 0),
+         ("original_max_position > 0", lambda p: p["original_max_position"] > 0)),
+        lambda half, base, **p: (_llama31_inv_freq(half, base, **p), 1.0)),
+    "yarn": RopeScaling(
+        dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, attn_factor=1.0),
+        (("base > 1", lambda p: p["base"] > 1),
+         ("scale > 0", lambda p: p["scale"] > 0),
+         ("original_max_position > 0", lambda p: p["original_max_position"] > 0),
+         ("beta_fast > 0 and beta_slow > 0", lambda p: p["beta_fast"] > 0 and p["beta_slow"] > 0)),
+        lambda half, base, attn_factor, **p: (_yarn_inv_freq(half, base, **p), float(attn_factor))),
+}
+
+
+def _rope_tables(positions: int, rotary_dim: int, base: float, dtype: torch.dtype,
+                 inv_freq: torch.Tensor | None = None, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin [positions, rotary_dim/2] (times `factor`), rounded through x's dtype
+    like the op's tables."""
+    freqs = _inv_freq(rotary_dim // 2, base) if inv_freq is None else inv_freq
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), freqs)
-    return (angles.cos().to(dtype).float().contiguous(), angles.sin().to(dtype).float().contiguous())
+    return ((angles.cos() * factor).to(dtype).float().contiguous(), (angles.sin() * factor).to(dtype).float().contiguous())
 
 
-def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
-    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1."""
+def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
+    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `scaling` names a
+    ROPE_SCALINGS entry whose params the builder then takes too."""
     layouts = {"1d": ("sd", 2), "2d": ("bshd", 4)}
+    scaled = ROPE_SCALINGS[scaling] if scaling else None
 
     def factory(op: str) -> Builder:
-        def build(x: Any, *, layout: str = "1d", base: float = 10000.0) -> Any:
+        def build(x: Any, *, layout: str = "1d", base: float = 10000.0, **variant: Any) -> Any:
             check_inputs(op, dtypes, x=x)
+            known = dict(scaled.defaults) if scaled else {}
+            unknown = sorted(set(variant) - set(known))
+            if unknown:
+                raise fail(op, f"params layout, base{''.join(', ' + k for k in known)}", f"unknown {unknown}")
+            known.update(variant)
+            for rule, holds in scaled.rules if scaled else ():
+                if not holds(dict(known, base=base)):
+                    raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in dict(known, base=base).items()))
             if layout not in layouts:
                 raise fail(op, "layout must be '1d' ([S, D]) or '2d' ([B, S, H, D])", f"layout={layout!r}")
             member, ndim = layouts[layout]
@@ -370,15 +439,18 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
             if head_dim <= 0 or head_dim % 2:
                 raise fail(op, "head_dim must be positive and even", f"head_dim={head_dim}")
             seq, base_ = int(x.shape[0] if layout == "1d" else x.shape[1]), float(base)
-            describe = f"{dtype_name(x.dtype)}, layout={layout}, head_dim={head_dim}, base={base}"
+            extra = tuple(sorted(known.items()))
+            describe = f"{dtype_name(x.dtype)}, layout={layout}, head_dim={head_dim}, base={base}" + "".join(
+                f", {k}={v}" for k, v in extra)
             kernel = specialisation(
-                op, (x.dtype, layout, head_dim, base_), describe,
+                op, (x.dtype, layout, head_dim, base_) + extra, describe,
                 lambda C, threads, d: C.rope(C.RopeLayout[member], native_dtype(x.dtype), head_dim, head_dim, threads, d))
+            tables = scaled.frequencies(head_dim // 2, base_, **known) if scaled else ()
             # The tables are prefixes of one another (positions 0..S-1): keep the longest so far.
             with native_lock:
                 have = native().rope_positions(kernel)
                 if have < seq:
-                    native().set_rope_tables(kernel, *_rope_tables(max(seq, 2 * have), head_dim, base_, x.dtype))
+                    native().set_rope_tables(kernel, *_rope_tables(max(seq, 2 * have), head_dim, base_, x.dtype, *tables))
             return kernel
 
         return build

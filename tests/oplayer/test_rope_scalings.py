@@ -1,0 +1,41 @@
+"""The frequencies behind RopeLlama31FwdOp's and RopeYarnFwdOp's references, checked
+against what each scaling is for rather than restated: the bands of dims each one keeps,
+divides or interpolates, at the manifests' default params."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tileops.testing.references import llama31_inv_freq, yarn_inv_freq
+
+HALF, BASE = 64, 10000.0
+PLAIN = 1.0 / (BASE ** (torch.arange(HALF, dtype=torch.float32) / HALF))
+
+
+def test_llama31_keeps_short_wavelengths_divides_long_ones_and_blends_between():
+    f = llama31_inv_freq(HALF, BASE, scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                         original_max_position=8192)
+    wavelength = 2 * math.pi / PLAIN
+    short, long = wavelength < 8192 / 4.0, wavelength > 8192 / 1.0
+    assert short.any() and long.any() and (~short & ~long).any()
+    torch.testing.assert_close(f[short], PLAIN[short])
+    torch.testing.assert_close(f[long], PLAIN[long] / 8.0)
+    between = ~short & ~long
+    assert ((f[between] < PLAIN[between]) & (f[between] > PLAIN[between] / 8.0)).all()
+    assert (f[1:] < f[:-1]).all()  # still one frequency per dim, highest first
+
+
+def test_yarn_extrapolates_below_the_fast_dim_and_interpolates_above_the_slow_one():
+    f = yarn_inv_freq(HALF, BASE, scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0)
+    inter = 1.0 / ((16.0 * BASE) ** (torch.arange(HALF, dtype=torch.float32) / HALF))
+
+    def dim(rotations: float) -> float:  # over `half`, as upstream's table says
+        return HALF * math.log(4096 / (2 * math.pi * rotations)) / (2 * math.log(BASE))
+
+    low, high = math.floor(dim(32.0)), math.ceil(dim(1.0))
+    assert 0 < low < high < HALF - 1
+    torch.testing.assert_close(f[: low + 1], PLAIN[: low + 1])
+    torch.testing.assert_close(f[high:], inter[high:])
+    assert ((f[low + 1 : high] <= PLAIN[low + 1 : high]) & (f[low + 1 : high] >= inter[low + 1 : high])).all()
