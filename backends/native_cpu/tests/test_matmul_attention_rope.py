@@ -192,3 +192,19 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     out = run(b.build_gemm, a, w, trans_a=False, trans_b=True)
     ref = (a.double() @ w.double().T)
     assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
+
+
+# A scaled RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
+# builders share nothing but the scaling's frequencies (ROPE_SCALINGS).
+@pytest.mark.parametrize("op, params", [
+    ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
+    ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
+])
+def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
+    x = torch.randn(300, 128, dtype=torch.float32)
+    positional = run(b.BUILDERS[f"{op}FwdOp"], x, layout="1d", base=10000.0, **params)
+    at = run(b.BUILDERS[f"{op}PositionIdsFwdOp"], x[:, None, :], torch.arange(300), max_position=300, base=10000.0,
+             rotary_dim=128, **params)
+    torch.testing.assert_close(at[:, 0, :], positional)
+    plain = run(b.build_rope_neox, x, layout="1d", base=10000.0)
+    assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling changed something

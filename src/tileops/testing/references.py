@@ -240,9 +240,14 @@ def _rope_scaled(
     return ref
 
 
-def _rope_neox_position_ids() -> Callable[..., RefResult]:
+def _rope_neox_position_ids(
+    inv_freq: Callable[..., Tensor] | None = None, names: tuple[str, ...] = (), cos_sin_scale: str | None = None
+) -> Callable[..., RefResult]:
+    """NeoX rotation at explicit positions, plain or (inv_freq, names, cos_sin_scale as in
+    _rope_scaled) with a scaling's frequencies."""
+
     def ref(
-        x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int
+        x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int, **params: Any
     ) -> Tensor:
         if position_ids.numel() and (
             int(position_ids.min()) < 0 or int(position_ids.max()) >= max_position
@@ -252,7 +257,13 @@ def _rope_neox_position_ids() -> Callable[..., RefResult]:
                 f"[{int(position_ids.min())}, {int(position_ids.max())}]"
             )
         # Rows of the [max_position, rotary_dim/2] table, computed only where needed.
-        cos, sin = rope_cos_sin(position_ids, rotary_dim, base, x.dtype)
+        if inv_freq is None:
+            cos, sin = rope_cos_sin(position_ids, rotary_dim, base, x.dtype)
+        else:
+            freqs = inv_freq(rotary_dim // 2, base, device=x.device, **{n: params[n] for n in names})
+            angles = position_ids.to(torch.float32)[:, None] * freqs[None, :]
+            factor = params[cos_sin_scale] if cos_sin_scale else 1.0
+            cos, sin = (angles.cos() * factor).to(x.dtype), (angles.sin() * factor).to(x.dtype)
         xf = _up(x)
         assert xf is not None
         rotated = _rotate_neox(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
@@ -343,6 +354,10 @@ _ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]
 }
 
 # op -> its math, for the entries whose ref_api is none.
+# the frequency params of each RoPE scaling (the rest are layout/positions, base, rotary_dim)
+_LLAMA31 = ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position")
+_YARN = ("scale", "original_max_position", "beta_fast", "beta_slow")
+
 _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
     "FusedAddLayerNormFwdOp": _fused_add_layer_norm,
@@ -351,12 +366,10 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "GeluAndMulFwdOp": lambda: _gated(F.gelu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
-    "RopeLlama31FwdOp": lambda: _rope_scaled(
-        llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position")
-    ),
-    "RopeYarnFwdOp": lambda: _rope_scaled(
-        yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), cos_sin_scale="attn_factor"
-    ),
+    "RopeLlama31FwdOp": lambda: _rope_scaled(llama31_inv_freq, _LLAMA31),
+    "RopeYarnFwdOp": lambda: _rope_scaled(yarn_inv_freq, _YARN, cos_sin_scale="attn_factor"),
+    "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(llama31_inv_freq, _LLAMA31),
+    "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(yarn_inv_freq, _YARN, cos_sin_scale="attn_factor"),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -85,6 +85,8 @@ _TABLE: dict[str, Factory] = {
     "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
     "RopeLlama31FwdOp": rope_neox(scaling="llama31"),
     "RopeYarnFwdOp": rope_neox(scaling="yarn"),
+    "RopeLlama31PositionIdsFwdOp": rope_neox_position_ids(scaling="llama31"),
+    "RopeYarnPositionIdsFwdOp": rope_neox_position_ids(scaling="yarn"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }

@@ -413,6 +413,20 @@ def _rope_tables(positions: int, rotary_dim: int, base: float, dtype: torch.dtyp
     return ((angles.cos() * factor).to(dtype).float().contiguous(), (angles.sin() * factor).to(dtype).float().contiguous())
 
 
+def _scaling_params(op: str, scaled: RopeScaling | None, variant: dict[str, Any], base: float, named: str) -> dict[str, Any]:
+    """A scaling's params as given over its defaults; refuses unknown ones and broken rules
+    (`named`: the op's other params, for the message)."""
+    known = dict(scaled.defaults) if scaled else {}
+    unknown = sorted(set(variant) - set(known))
+    if unknown:
+        raise fail(op, f"params {named}{''.join(', ' + k for k in known)}", f"unknown {unknown}")
+    known.update(variant)
+    for rule, holds in scaled.rules if scaled else ():
+        if not holds(dict(known, base=base)):
+            raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in dict(known, base=base).items()))
+    return known
+
+
 def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
     """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `scaling` names a
     ROPE_SCALINGS entry whose params the builder then takes too."""
@@ -422,14 +436,7 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
     def factory(op: str) -> Builder:
         def build(x: Any, *, layout: str = "1d", base: float = 10000.0, **variant: Any) -> Any:
             check_inputs(op, dtypes, x=x)
-            known = dict(scaled.defaults) if scaled else {}
-            unknown = sorted(set(variant) - set(known))
-            if unknown:
-                raise fail(op, f"params layout, base{''.join(', ' + k for k in known)}", f"unknown {unknown}")
-            known.update(variant)
-            for rule, holds in scaled.rules if scaled else ():
-                if not holds(dict(known, base=base)):
-                    raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in dict(known, base=base).items()))
+            known = _scaling_params(op, scaled, variant, base, "layout, base")
             if layout not in layouts:
                 raise fail(op, "layout must be '1d' ([S, D]) or '2d' ([B, S, H, D])", f"layout={layout!r}")
             member, ndim = layouts[layout]
@@ -458,13 +465,17 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
     return factory
 
 
-def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
-    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate."""
+def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
+    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate,
+    with a ROPE_SCALINGS entry's frequencies when `scaling` names one."""
+    scaled = ROPE_SCALINGS[scaling] if scaling else None
 
     def factory(op: str) -> Builder:
-        def build(x: Any, position_ids: Any, *, max_position: int, base: float = 10000.0, rotary_dim: int) -> Any:
+        def build(x: Any, position_ids: Any, *, max_position: int, base: float = 10000.0, rotary_dim: int,
+                  **variant: Any) -> Any:
             check_inputs(op, dtypes, x=x)
             check_inputs(op, (torch.int32, torch.int64), position_ids=position_ids)
+            known = _scaling_params(op, scaled, variant, base, "max_position, base, rotary_dim")
             if len(x.shape) != 3:
                 raise fail(op, "x must be [num_tokens, heads, head_dim]", f"x of shape {shape_of(x)}")
             if shape_of(position_ids) != (int(x.shape[0]),):
@@ -476,14 +487,17 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
                            f"rotary_dim={rot}, head_dim={head_dim}")
             if positions <= 0:
                 raise fail(op, "max_position must be positive", f"max_position={max_position}")
+            extra = tuple(sorted(known.items()))
 
             def make(C: Any, threads: int, d: str) -> Any:
                 kernel = C.rope(C.RopeLayout.thd_position_ids, native_dtype(x.dtype), head_dim, rot, threads, d)
-                C.set_rope_tables(kernel, *_rope_tables(positions, rot, base_, x.dtype))
+                tables = scaled.frequencies(rot // 2, base_, **known) if scaled else ()
+                C.set_rope_tables(kernel, *_rope_tables(positions, rot, base_, x.dtype, *tables))
                 return kernel
 
-            return specialisation(op, (x.dtype, head_dim, rot, positions, base_),
-                                  f"{dtype_name(x.dtype)}, head_dim={head_dim}, rotary_dim={rot}, max_position={positions}", make)
+            return specialisation(op, (x.dtype, head_dim, rot, positions, base_) + extra,
+                                  f"{dtype_name(x.dtype)}, head_dim={head_dim}, rotary_dim={rot}, max_position={positions}"
+                                  + "".join(f", {k}={v}" for k, v in extra), make)
 
         return build
 
