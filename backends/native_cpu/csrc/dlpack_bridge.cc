@@ -139,21 +139,27 @@ bool read_tensor(PyObject* obj, TensorView& out, const char* what) {
   return read_with_dlpack_method(obj, out, what);
 }
 
+static int64_t byte_size(int ndim, const int64_t* shape, DType dtype) {
+  int64_t bytes = dl_from_dtype(dtype).bits / 8;
+  for (int i = 0; i < ndim; ++i) bytes *= shape[i];
+  return bytes;
+}
+
 // A large fresh output is first touched by the kernel: 4 KiB page faults alone took
 // ~40% of a call writing 32 MiB (glibc maps such blocks anew on every allocation). Where
 // transparent huge pages are on `madvise`, ask for them on the block's 2 MiB-aligned
-// interior (a no-op for memory already mapped, and harmless where THP is off).
-static void advise_huge_pages(void* data, int ndim, const int64_t* shape, DType dtype) {
+// interior (a no-op for memory already mapped, and harmless where THP is off). Outputs
+// the warm-output cache serves already are huge pages; this is for the rest (the cache
+// off, the fallback bridge).
+static void advise_huge_pages(void* data, int64_t bytes) {
 #if defined(__linux__)
-  int64_t bytes = dl_from_dtype(dtype).bits / 8;
-  for (int i = 0; i < ndim; ++i) bytes *= shape[i];
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  constexpr uintptr_t kHuge = kHugePageBytes;
   if (bytes < (int64_t{16} << 20)) return;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #else
-  (void)data, (void)ndim, (void)shape, (void)dtype;
+  (void)data, (void)bytes;
 #endif
 }
 
@@ -172,12 +178,6 @@ void give_back_cached_output(dl::ManagedTensorVersioned* self) {
   auto* out = static_cast<CachedOutput*>(self->manager_ctx);
   output_cache_give(out->block);
   delete out;
-}
-
-int64_t byte_size(int ndim, const int64_t* shape, DType dtype) {
-  int64_t bytes = dl_from_dtype(dtype).bits / 8;
-  for (int i = 0; i < ndim; ++i) bytes *= shape[i];
-  return bytes;
 }
 
 PyObject* new_cached_tensor(OutputBlock block, int ndim, const int64_t* shape, DType dtype, void** data) {
@@ -212,7 +212,8 @@ PyObject* new_cached_tensor(OutputBlock block, int ndim, const int64_t* shape, D
 
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
   if (g_api != nullptr && !g_force_fallback) {
-    const OutputBlock block = output_cache_take(static_cast<size_t>(byte_size(ndim, shape, dtype)));
+    const int64_t bytes = byte_size(ndim, shape, dtype);
+    const OutputBlock block = output_cache_take(static_cast<size_t>(bytes));
     if (block.data != nullptr) return new_cached_tensor(block, ndim, shape, dtype, data);
     dl::Tensor proto{};
     proto.device = {dl::kCPU, 0};
@@ -225,7 +226,7 @@ PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
       return nullptr;
     }
     *data = static_cast<char*>(managed->dl_tensor.data) + managed->dl_tensor.byte_offset;
-    advise_huge_pages(*data, ndim, shape, dtype);
+    advise_huge_pages(*data, bytes);
     void* result = nullptr;
     if (g_api->managed_tensor_to_py_object_no_sync(managed, &result) != 0) return nullptr;
     return static_cast<PyObject*>(result);
@@ -250,7 +251,7 @@ PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
     return nullptr;
   }
   *data = v.data;
-  advise_huge_pages(*data, ndim, shape, dtype);
+  advise_huge_pages(*data, byte_size(ndim, shape, dtype));
   return result;
 }
 

@@ -14,8 +14,6 @@
 namespace tnc {
 namespace {
 
-constexpr size_t kHuge = size_t{2} << 20;
-
 uint64_t budget_from_env() {
   const char* s = std::getenv("TILEOPS_NATIVE_CPU_OUTPUT_CACHE_MB");
   const long mb = s != nullptr && *s != '\0' ? std::strtol(s, nullptr, 10) : 1024;
@@ -69,14 +67,15 @@ void unmap_block(OutputBlock block) {
 #endif
 }
 
-OutputBlock map_huge_block(size_t capacity) {
+OutputBlock map_huge_block(size_t bytes) {
 #if defined(TNC_HAVE_MMAP)
+  const size_t capacity = huge_block_capacity(bytes);
   // over-map by 2 MiB and cut to an aligned run, so the whole block can be huge pages
-  const size_t span = capacity + kHuge;
+  const size_t span = capacity + kHugePageBytes;
   void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) return {};
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (start + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t aligned = (start + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
   if (aligned > start) munmap(raw, aligned - start);
   const uintptr_t end = start + span, used = aligned + capacity;
   if (end > used) munmap(reinterpret_cast<void*>(used), end - used);
@@ -85,14 +84,14 @@ OutputBlock map_huge_block(size_t capacity) {
 #endif
   return {reinterpret_cast<void*>(aligned), capacity};
 #else
-  (void)capacity;
+  (void)bytes;
   return {};
 #endif
 }
 
 OutputBlock output_cache_take(size_t bytes) {
   if (bytes < kOutputCacheMinBytes) return {};
-  const size_t capacity = (bytes + kHuge - 1) & ~(kHuge - 1);
+  const size_t capacity = huge_block_capacity(bytes);
   Cache& c = cache();
   {
     std::lock_guard lock(c.mutex);

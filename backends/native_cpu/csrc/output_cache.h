@@ -16,10 +16,14 @@ namespace tnc {
 
 struct OutputBlock {
   void* data = nullptr;
-  size_t capacity = 0;  // the mapping's size (kMinBytes and more, a multiple of 2 MiB)
+  size_t capacity = 0;  // the mapping's size, a multiple of kHugePageBytes
 };
 
 inline constexpr size_t kOutputCacheMinBytes = size_t{4} << 20;
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+// What a block for `bytes` maps: rounded up to whole huge pages (also the cache's buckets).
+inline size_t huge_block_capacity(size_t bytes) { return (bytes + kHugePageBytes - 1) & ~(kHugePageBytes - 1); }
 
 // A block of at least `bytes`, or {nullptr, 0} when the cache is off or `bytes` is too
 // small for it (the caller allocates through torch) or the mapping failed.
@@ -27,10 +31,10 @@ OutputBlock output_cache_take(size_t bytes);
 // Gives a block back (any thread, with or without the GIL).
 void output_cache_give(OutputBlock block);
 
-// A fresh mapping of `capacity` bytes (a multiple of 2 MiB), 2 MiB aligned, huge pages
-// advised; {nullptr, 0} where mmap is missing or fails. Also what the machine probes
-// measure on (bind/probe.cc), so that their ceiling is the memory our outputs live in.
-OutputBlock map_huge_block(size_t capacity);
+// A fresh mapping of huge_block_capacity(bytes), 2 MiB aligned, huge pages advised;
+// {nullptr, 0} where mmap is missing or fails. Also what the machine probes measure on
+// (bind/probe.cc), so that their ceiling is the memory our outputs live in.
+OutputBlock map_huge_block(size_t bytes);
 void unmap_block(OutputBlock block);
 
 struct OutputCacheStats {

@@ -28,8 +28,7 @@ namespace {
 struct Buffer {
   OutputBlock block;
   explicit Buffer(int64_t floats) {
-    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + (size_t{2} << 20) - 1) & ~((size_t{2} << 20) - 1);
-    block = map_huge_block(bytes);
+    block = map_huge_block(static_cast<size_t>(floats) * sizeof(float));
     if (block.data == nullptr) throw std::bad_alloc();
     float* p = get();
     for (int64_t i = 0; i < floats; ++i) p[i] = static_cast<float>(i & 1023);  // faulted in before any timing
