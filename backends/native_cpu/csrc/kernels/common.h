@@ -30,13 +30,19 @@ inline void storec(T* p, F v, int64_t count) {
 
 // Results far larger than the caches go out with streaming stores: no read for ownership
 // of lines that are overwritten whole (a third of the traffic of an ordinary store), and
-// the next op would not find them in cache anyway. 8 MiB: a quarter of the L3. Every
-// full-vector store of such a result must be aligned for S::stream, so the result's rows
-// (of n elements) must be too. A chunk that streamed ends with S::stream_fence().
+// the next op would not find them in cache anyway. kStreamBytes: a quarter of the L3; every
+// kernel that streams decides by it. Every full-vector store of such a result must be
+// aligned for S::stream, so streams() also asks that the result's rows (of n elements) be
+// (unary and gated kernels peel each range to alignment instead). A chunk that streamed
+// ends with S::stream_fence().
+inline constexpr int64_t kStreamBytes = int64_t{8} << 20;
+template <class T>
+inline bool large_enough_to_stream(int64_t elements) {
+  return S::kHasStream && elements * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
+}
 template <class T>
 inline bool streams(const void* y, int64_t elements, int64_t n) {
-  return S::kHasStream && elements * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20) && n % W == 0 &&
-         reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
+  return large_enough_to_stream<T>(elements) && n % W == 0 && reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
 }
 template <bool Stream, class T>
 inline void store_full(T* p, F v) {

@@ -125,7 +125,7 @@ template <class T, class Act>
 void unary(const tnc::UnaryArgs& a, int threads) {
   const T* x = static_cast<const T*>(a.x);
   T* y = static_cast<T*>(a.out);
-  const bool stream = S::kHasStream && x != y && a.numel * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20);
+  const bool stream = x != y && large_enough_to_stream<T>(a.numel);
   tnc::parallel_for(a.numel, Act::kGrain, threads, [&](int64_t b, int64_t e) {
     if (stream) {
       unary_range<T, Act, true>(x + b, y + b, e - b);
@@ -154,7 +154,7 @@ void gated(const tnc::GatedArgs& a, int threads) {
   // A result much larger than the caches may be written with streaming stores by Rows (no
   // read for ownership of lines that are overwritten whole); a small one stays in cache for
   // the next op.
-  const bool stream = a.rows * n * static_cast<int64_t>(sizeof(T)) >= (int64_t{8} << 20);
+  const bool stream = large_enough_to_stream<T>(a.rows * n);
   tnc::parallel_for(a.rows * blocks, std::max<int64_t>(1, 8192 / col_block), threads, [&](int64_t i0, int64_t i1) {
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t r = item / blocks, c0 = (item % blocks) * col_block, c1 = std::min(n, c0 + col_block);
