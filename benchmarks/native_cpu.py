@@ -85,13 +85,12 @@ def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
 
 
 def _scaled_rope_tables(op: str, seq: int, dim: int, params: dict, dtype: torch.dtype):
-    from tileops.testing.references import llama31_inv_freq, yarn_inv_freq
+    from tileops.testing.references import llama31_inv_freq, rope_cos_sin, yarn_inv_freq
 
     p = dict(params)
     factor = p.pop("attn_factor", 1.0)
     freqs = (llama31_inv_freq if op == "RopeLlama31FwdOp" else yarn_inv_freq)(dim // 2, 10000.0, **p)
-    ang = torch.outer(torch.arange(seq, dtype=torch.float32), freqs)
-    return (ang.cos() * factor).to(dtype), (ang.sin() * factor).to(dtype)
+    return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
 
 
 def rope_eager(x, cos, sin):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -70,20 +70,24 @@ def _api(path: str | None) -> Callable[..., Any]:
 # --- RoPE tables ----------------------------------------------------------------------
 
 
-def rope_cos_sin(
-    positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """cos and sin, each [len(positions), rotary_dim // 2], cast to ``dtype``.
+def plain_inv_freq(half: int, base: float, device: torch.device | None = None) -> Tensor:
+    """inv_freq[k] = 1 / base ** (k / half), in float32."""
+    return 1.0 / (base ** (torch.arange(half, dtype=torch.float32, device=device) / half))
 
-    inv_freq[k] = 1 / base ** (k / half) and angle = position * inv_freq, both in float32
-    (the usual recipe, and the one the ops document), so fp32 results can be compared
-    tightly with a kernel that builds its tables the same way.
+
+def rope_cos_sin(
+    positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype,
+    inv_freq: Tensor | None = None, factor: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """cos and sin, each [len(positions), rotary_dim // 2], times ``factor``, cast to ``dtype``.
+
+    inv_freq (by default plain_inv_freq, or a scaling's) and angle = position * inv_freq,
+    both in float32 (the usual recipe, and the one the ops document), so fp32 results can
+    be compared tightly with a kernel that builds its tables the same way.
     """
-    half = rotary_dim // 2
-    exponent = torch.arange(half, dtype=torch.float32, device=positions.device) / half
-    inv_freq = 1.0 / (base**exponent)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    freqs = plain_inv_freq(rotary_dim // 2, base, positions.device) if inv_freq is None else inv_freq
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
 
 
 def llama31_inv_freq(
@@ -92,7 +96,7 @@ def llama31_inv_freq(
 ) -> Tensor:
     """Llama-3.1's frequencies: wavelengths 2*pi/f shorter than orig/high_freq_factor keep
     f, longer than orig/low_freq_factor take f/scale_factor, and a linear blend between."""
-    inv_freq = 1.0 / (base ** (torch.arange(half, dtype=torch.float32, device=device) / half))
+    inv_freq = plain_inv_freq(half, base, device)
     wavelength = 2 * math.pi / inv_freq
     low_wl, high_wl = original_max_position / low_freq_factor, original_max_position / high_freq_factor
     smooth = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
@@ -108,8 +112,7 @@ def yarn_inv_freq(
     base) below the beta_slow correction dim, extrapolated above beta_fast, a ramp between;
     correction dims are taken over `half`."""
     k = torch.arange(half, dtype=torch.float32, device=device)
-    extra = 1.0 / (base ** (k / half))
-    inter = 1.0 / ((scale * base) ** (k / half))
+    extra, inter = plain_inv_freq(half, base, device), plain_inv_freq(half, scale * base, device)
 
     def correction_dim(rotations: float) -> float:
         return half * math.log(original_max_position / (2 * math.pi * rotations)) / (2 * math.log(base))
@@ -208,11 +211,36 @@ def _gated(activation: Callable[[Tensor], Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-def _rope_neox() -> Callable[..., RefResult]:
-    def ref(x: Tensor, *, layout: str, base: float) -> Tensor:
+class _RopeScaling(NamedTuple):
+    """A RoPE scaling's frequencies, the params they take, and the param (if any) that
+    multiplies cos and sin."""
+
+    inv_freq: Callable[..., Tensor]
+    names: tuple[str, ...]
+    factor: str | None = None
+
+
+_LLAMA31 = _RopeScaling(llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position"))
+_YARN = _RopeScaling(yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), "attn_factor")
+
+
+def _scaled_cos_sin(
+    scaling: _RopeScaling | None, positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype,
+    params: dict[str, Any],
+) -> tuple[Tensor, Tensor]:
+    if scaling is None:
+        return rope_cos_sin(positions, rotary_dim, base, dtype)
+    freqs = scaling.inv_freq(rotary_dim // 2, base, device=positions.device, **{n: params[n] for n in scaling.names})
+    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, params[scaling.factor] if scaling.factor else 1.0)
+
+
+def _rope_neox(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
+    """NeoX rotation at positions 0..S-1, plain or with a scaling's frequencies."""
+
+    def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
         seq_len = x.shape[1] if layout == "2d" else x.shape[0]
         positions = torch.arange(seq_len, device=x.device)
-        cos, sin = rope_cos_sin(positions, x.shape[-1], base, x.dtype)
+        cos, sin = _scaled_cos_sin(scaling, positions, x.shape[-1], base, x.dtype, params)
         if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
             cos, sin = cos[:, None, :], sin[:, None, :]
         return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
@@ -220,31 +248,8 @@ def _rope_neox() -> Callable[..., RefResult]:
     return ref
 
 
-def _rope_scaled(
-    inv_freq: Callable[..., Tensor], names: tuple[str, ...], cos_sin_scale: str | None = None
-) -> Callable[..., RefResult]:
-    """A NeoX rotation at positions 0..S-1 whose frequencies come from `inv_freq`, given
-    the params in `names`; `cos_sin_scale` names a param that multiplies cos and sin."""
-
-    def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
-        seq_len = x.shape[1] if layout == "2d" else x.shape[0]
-        half = x.shape[-1] // 2
-        freqs = inv_freq(half, base, device=x.device, **{n: params[n] for n in names})
-        angles = torch.arange(seq_len, dtype=torch.float32, device=x.device)[:, None] * freqs[None, :]
-        factor = params[cos_sin_scale] if cos_sin_scale else 1.0
-        cos, sin = (angles.cos() * factor).to(x.dtype), (angles.sin() * factor).to(x.dtype)
-        if layout == "2d":
-            cos, sin = cos[:, None, :], sin[:, None, :]
-        return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
-
-    return ref
-
-
-def _rope_neox_position_ids(
-    inv_freq: Callable[..., Tensor] | None = None, names: tuple[str, ...] = (), cos_sin_scale: str | None = None
-) -> Callable[..., RefResult]:
-    """NeoX rotation at explicit positions, plain or (inv_freq, names, cos_sin_scale as in
-    _rope_scaled) with a scaling's frequencies."""
+def _rope_neox_position_ids(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
+    """NeoX rotation at explicit positions, plain or with a scaling's frequencies."""
 
     def ref(
         x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int, **params: Any
@@ -257,13 +262,7 @@ def _rope_neox_position_ids(
                 f"[{int(position_ids.min())}, {int(position_ids.max())}]"
             )
         # Rows of the [max_position, rotary_dim/2] table, computed only where needed.
-        if inv_freq is None:
-            cos, sin = rope_cos_sin(position_ids, rotary_dim, base, x.dtype)
-        else:
-            freqs = inv_freq(rotary_dim // 2, base, device=x.device, **{n: params[n] for n in names})
-            angles = position_ids.to(torch.float32)[:, None] * freqs[None, :]
-            factor = params[cos_sin_scale] if cos_sin_scale else 1.0
-            cos, sin = (angles.cos() * factor).to(x.dtype), (angles.sin() * factor).to(x.dtype)
+        cos, sin = _scaled_cos_sin(scaling, position_ids, rotary_dim, base, x.dtype, params)
         xf = _up(x)
         assert xf is not None
         rotated = _rotate_neox(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
@@ -354,10 +353,6 @@ _ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]
 }
 
 # op -> its math, for the entries whose ref_api is none.
-# the frequency params of each RoPE scaling (the rest are layout/positions, base, rotary_dim)
-_LLAMA31 = ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position")
-_YARN = ("scale", "original_max_position", "beta_fast", "beta_slow")
-
 _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
     "FusedAddLayerNormFwdOp": _fused_add_layer_norm,
@@ -366,10 +361,10 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "GeluAndMulFwdOp": lambda: _gated(F.gelu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
-    "RopeLlama31FwdOp": lambda: _rope_scaled(llama31_inv_freq, _LLAMA31),
-    "RopeYarnFwdOp": lambda: _rope_scaled(yarn_inv_freq, _YARN, cos_sin_scale="attn_factor"),
-    "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(llama31_inv_freq, _LLAMA31),
-    "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(yarn_inv_freq, _YARN, cos_sin_scale="attn_factor"),
+    "RopeLlama31FwdOp": lambda: _rope_neox(_LLAMA31),
+    "RopeYarnFwdOp": lambda: _rope_neox(_YARN),
+    "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
+    "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -375,7 +375,7 @@ def _yarn_inv_freq(half: int, base: float, scale: float, original_max_position: 
     low, high = max(math.floor(dim(beta_fast)), 0), min(math.ceil(dim(beta_slow)), half - 1)
     high += low == high
     keep = 1 - ((k - low) / (high - low)).clamp(0, 1)
-    return (1.0 / ((scale * base) ** (k / half))) * (1 - keep) + _inv_freq(half, base) * keep
+    return _inv_freq(half, scale * base) * (1 - keep) + _inv_freq(half, base) * keep
 
 
 # A RoPE scaling: its params with their defaults, what must hold of them (as the op's
@@ -421,9 +421,10 @@ def _scaling_params(op: str, scaled: RopeScaling | None, variant: dict[str, Any]
     if unknown:
         raise fail(op, f"params {named}{''.join(', ' + k for k in known)}", f"unknown {unknown}")
     known.update(variant)
+    judged = dict(known, base=base)  # the rules read base too
     for rule, holds in scaled.rules if scaled else ():
-        if not holds(dict(known, base=base)):
-            raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in dict(known, base=base).items()))
+        if not holds(judged):
+            raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in judged.items()))
     return known
 
 
