@@ -77,38 +77,42 @@ def test_a_region_splits_into_several_chunks_per_thread_and_workers_take_part(na
         assert on_team + alone == 50
 
 
-def test_decode_sized_calls_do_not_open_a_parallel_region(native):
+@pytest.fixture
+def two_threads():
+    """torch (and so every kernel built meanwhile) on 2 threads, restored after."""
     old = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        x, w = torch.randn(1, 4096, dtype=torch.bfloat16), torch.randn(4096, dtype=torch.bfloat16)
-        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(4096,), eps=1e-6)
-        before = native.pool_stats()[0]
-        for _ in range(10):
-            kernel(x, w)
-        assert native.pool_stats()[0] == before
-    finally:
-        torch.set_num_threads(old)
+    yield
+    torch.set_num_threads(old)
 
 
-def test_kernels_agree_on_both_pools(native):
-    x = torch.randn(512, 1024, dtype=torch.bfloat16)
-    w = torch.randn(1024, dtype=torch.bfloat16)
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
+def rms_norm(rows, n):
+    """A bfloat16 RMSNorm kernel and its inputs, [rows, n]."""
+    x, w = torch.randn(rows, n, dtype=torch.bfloat16), torch.randn(n, dtype=torch.bfloat16)
+    return b.build_rms_norm(spec(x), spec(w), normalized_shape=(n,), eps=1e-6), x, w
+
+
+def test_decode_sized_calls_do_not_open_a_parallel_region(native, two_threads):
+    kernel, x, w = rms_norm(1, 4096)
+    before = native.pool_stats()[0]
+    for _ in range(10):
+        kernel(x, w)
+    assert native.pool_stats()[0] == before
+
+
+def test_kernels_agree_on_both_pools(native, two_threads):
+    kernel, x, w = rms_norm(512, 1024)
+    outs = []
     try:
-        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(1024,), eps=1e-6)
-        outs = []
         for use in (False, True):
             native.set_use_openmp(use)
             outs.append(kernel(x, w))
-        assert torch.equal(outs[0], outs[1])
     finally:
         native.set_use_openmp(True)
-        torch.set_num_threads(old)
+    assert torch.equal(outs[0], outs[1])
 
 
-def test_by_default_every_region_runs_on_torchs_team_or_on_the_caller(native):
+def test_by_default_every_region_runs_on_torchs_team_or_on_the_caller(native, two_threads):
     """The default (README, Threads): torch's OpenMP team, or the calling thread alone for a
     while after a stalled team region; never our own pool."""
     import os
@@ -117,17 +121,10 @@ def test_by_default_every_region_runs_on_torchs_team_or_on_the_caller(native):
         pytest.skip("TILEOPS_NATIVE_CPU_POOL is set")
     if not native.openmp_available():
         pytest.skip("no OpenMP runtime loaded in this process")
-    x = torch.randn(512, 1024, dtype=torch.bfloat16)
-    w = torch.randn(1024, dtype=torch.bfloat16)
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        kernel = b.build_rms_norm(spec(x), spec(w), normalized_shape=(1024,), eps=1e-6)
-        rounds, _, _, on_team, _, alone = native.pool_stats()
-        for _ in range(50):
-            torch.testing.assert_close(kernel(x, w), kernel(x, w))
-        rounds2, _, _, on_team2, _, alone2 = native.pool_stats()
-        assert rounds2 - rounds == 100
-        assert (on_team2 - on_team) + (alone2 - alone) == 100
-    finally:
-        torch.set_num_threads(old)
+    kernel, x, w = rms_norm(512, 1024)
+    rounds, _, _, on_team, _, alone = native.pool_stats()
+    for _ in range(50):
+        torch.testing.assert_close(kernel(x, w), kernel(x, w))
+    rounds2, _, _, on_team2, _, alone2 = native.pool_stats()
+    assert rounds2 - rounds == 100
+    assert (on_team2 - on_team) + (alone2 - alone) == 100
