@@ -19,6 +19,7 @@ from tileops import manifest
 from tileops.backend.types import TensorSpec
 from tileops.manifest import ManifestError, OpEntry, _load_from
 from tileops.manifest._expr import broadcast_shapes, reduced_shape
+from tileops.testing.harness import index_inputs
 from tileops.testing.references import reference, tolerance
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
@@ -37,7 +38,8 @@ def specs(e: OpEntry, shapes: dict, dtype: torch.dtype = F16, device: torch.devi
 
 
 def make_inputs(e: OpEntry, shapes: dict, dtype: torch.dtype, params: dict) -> list:
-    """Small real tensors for a case; position ids stay below max_position."""
+    """Small real tensors for a case; position ids stay below max_position, and what value
+    rules read (offsets, lengths, page tables) is what the harness makes valid."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for name, dt in zip(e.input_names(), e.case_dtypes(dtype)):
@@ -52,6 +54,9 @@ def make_inputs(e: OpEntry, shapes: dict, dtype: torch.dtype, params: dict) -> l
             out.append(
                 torch.randint(0, 2 if dt == torch.bool else 100, shape, generator=gen).to(dt)
             )
+    if e.value_rules:
+        chosen = index_inputs(e, shapes, params, gen)
+        out = [chosen.get(name, t) for name, t in zip(e.input_names(), out)]
     return out
 
 
@@ -230,6 +235,12 @@ MALFORMED = [
         "signature.params.eb",
         "reserved for the roofline",
     ),
+    (("signature", "value_rules"), "offsets(x, 1)", "signature.value_rules", "list"),
+    (("signature", "value_rules"), ["offset(x, 1)"], "signature.value_rules[0]", "unknown check 'offset'"),
+    (("signature", "value_rules"), ["offsets(x, 1)"], "signature.value_rules[0]", "int32 or int64"),
+    (("signature", "value_rules"), ["offsets(y, 1)"], "signature.value_rules[0]", "'y' is not an input"),
+    (("signature", "value_rules"), ["offsets(x)"], "signature.value_rules[0]", "takes 2 to 2 arguments"),
+    (("signature", "value_rules"), ["at_least(x, eps * 2)"], "signature.value_rules[0]", "int32 or int64"),
 ]
 
 
@@ -1000,3 +1011,24 @@ def test_gqa_references_written_out_softcap_path_matches_sdpa_when_the_cap_is_hu
         )
     capped = ref(q, k, v, is_causal=True, softcap=0.01)
     assert not torch.allclose(capped, ref(q, k, v, is_causal=True))
+
+
+def test_value_rules_parse_into_checks_whose_scalars_come_from_shapes_and_params(tmp_path: Path) -> None:
+    data = copy.deepcopy(TOY)
+    sig = data["ToyOp"]["signature"]
+    sig["inputs"]["cu"] = {"dtype": "int32"}
+    sig["params"]["limit"] = {"type": "int", "default": 3}
+    sig["value_rules"] = ["offsets(cu, x.shape[0] * 2 - 1)", "spans_at_most(cu, limit // 2)"]
+    data["ToyOp"]["workloads"][0]["cu"] = [3]
+    (entry,) = _load_from([_write(tmp_path, data)]).values()
+    offsets, spans = entry.value_rules
+    assert (offsets.kind, offsets.tensors, spans.kind) == ("offsets", ("cu",), "spans_at_most")
+    assert offsets.scalar_values({"x": (4, 8)}, {"limit": 3}) == [7]
+    assert spans.scalar_values({"x": (4, 8)}, {"limit": 3}) == [1]
+    kind, text, slots, programs = offsets.compiled({"limit": 3}, {"x": 0, "weight": 1, "cu": 2})
+    assert (kind, text, slots) == (0, "offsets(cu, x.shape[0] * 2 - 1)", [2])
+    with pytest.raises(TypeError, match="needs param 'limit' as an int"):
+        spans.compiled({"limit": None}, {"x": 0, "weight": 1, "cu": 2})
+    sig["value_rules"] = ["offsets(cu, x.numel)"]
+    with pytest.raises(ManifestError, match="a scalar is an int, an int param, x.shape"):
+        _load_from([_write(tmp_path, data)])

@@ -5,10 +5,13 @@
 // memo key on the stack, looks it up and launches the kernel. Validation, target
 // settling and building run in Python only on a miss (`on_miss`): their outcome is a
 // function of the key and the instance's fixed params, so a hit is already validated.
+// The one exception is an op's value rules (offsets, lengths, page tables): values change
+// without changing the key, so they are checked here on every call, before the launch.
 // Tracers (tensor subclasses such as FakeTensor, active torch-function or dispatch
 // modes) are routed to `on_trace`, the op's torch.library custom op.
 #include <nanobind/stl/string.h>
 #include <structmember.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include "bindings/py_support.h"
 #include "engine/kernel_cache.h"
 #include "engine/signature.h"
+#include "engine/value_rules.h"
 
 namespace tileops::bindings {
 namespace {
@@ -38,6 +42,9 @@ struct TorchFacts {
   PyObject* contiguous_name = nullptr;
   PyObject* copy_name = nullptr;
   PyObject* add_note_name = nullptr;
+  // Slow reader for value rules: t -> (keep-alive, host data pointer or 0, bits, is_int,
+  // shape, strides) of a host copy; for tensors the DLPack exchange does not give on the CPU.
+  PyObject* host_values = nullptr;
 };
 TorchFacts g_torch;
 
@@ -171,9 +178,10 @@ class Dispatcher {
     if (const Handle* found = cache_.find(key.view())) {
       // Owned for the launch: a kernel that lets the GIL go may be evicted meanwhile.
       nb::object kernel = nb::borrow(static_cast<PyObject*>(found->get()));
+      if (!rules_.empty()) check_values(items);
       return launch(kernel.ptr(), items, contiguous.data());
     }
-    nb::object kernel = miss(items, count);
+    nb::object kernel = miss(items, count);  // validates (values too) before it builds
     nb::object result = launch(kernel.ptr(), items, contiguous.data());
     std::array<PyObject*, kMaxSlots + 2> check_args;
     check_args[0] = kernel.ptr();
@@ -225,6 +233,73 @@ class Dispatcher {
   }
 
   void clear() { cache_.clear(); }
+  size_t slots() const { return slots_; }
+
+  // The op's value rules: (kind, text, tensor slots, scalar programs), and the input names.
+  using RuleSpec = std::tuple<int, std::string, std::vector<int>, std::vector<std::vector<int64_t>>>;
+  void set_value_rules(const std::vector<RuleSpec>& rules, std::vector<std::string> names) {
+    if (names.size() != slots_) throw nb::value_error("set_value_rules: one name per input slot");
+    rules_.clear();
+    reads_values_.fill(false);
+    for (const auto& [kind, text, tensors, scalars] : rules) {
+      if (kind < 0 || kind > static_cast<int>(engine::ValueKind::kPages)) throw nb::value_error("set_value_rules: unknown kind");
+      for (int slot : tensors) {
+        if (slot < 0 || static_cast<size_t>(slot) >= slots_) throw nb::value_error("set_value_rules: slot out of range");
+        reads_values_[static_cast<size_t>(slot)] = true;
+      }
+      rules_.push_back({static_cast<engine::ValueKind>(kind), text, tensors, scalars});
+    }
+    names_ = std::move(names);
+  }
+
+  // Raises ValueError naming the first value rule the call's inputs break.
+  void check_values(PyObject* const* items) {
+    std::array<engine::SlotValues, kMaxSlots> slots{};
+    std::array<dlpack::Tensor, kMaxSlots> views;
+    std::array<nb::object, kMaxSlots> copies;  // host copies read through the slow path
+    std::array<std::vector<int64_t>, kMaxSlots> shapes, strides;
+    for (size_t i = 0; i < slots_; ++i) {
+      if (items[i] == Py_None) continue;
+      engine::SlotValues& s = slots[i];
+      s.present = true;
+      if (g_torch.exchange != nullptr && !exchange_refused_[i] &&
+          g_torch.exchange->dltensor_from_py_object_no_sync(items[i], &views[i]) == 0) {
+        const dlpack::Tensor& v = views[i];
+        const bool on_host = v.device.device_type == dlpack::kCPU;
+        if (on_host || !reads_values_[i]) {
+          s.shape = {v.shape, static_cast<size_t>(v.ndim)};
+          if (v.strides != nullptr) s.strides = {v.strides, static_cast<size_t>(v.ndim)};
+          s.is_int = v.dtype.code == dlpack::kInt;
+          s.bits = v.dtype.bits;
+          s.data = on_host ? static_cast<const char*>(v.data) + v.byte_offset : nullptr;
+          continue;
+        }
+      } else if (g_torch.exchange != nullptr) {
+        PyErr_Clear();
+      }
+      // Another device (or no DLPack form): a host copy, made in Python.
+      nb::object info = nb::steal(PyObject_CallOneArg(g_torch.host_values, items[i]));
+      if (!info.is_valid()) throw nb::python_error();
+      auto fields = nb::borrow<nb::tuple>(info);
+      copies[i] = fields[0];
+      const auto pointer = nb::cast<uintptr_t>(fields[1]);
+      if (pointer == 0 && reads_values_[i]) return;  // no values to read (a meta tensor)
+      s.data = reinterpret_cast<const void*>(pointer);
+      s.bits = nb::cast<int>(fields[2]);
+      s.is_int = nb::cast<bool>(fields[3]);
+      shapes[i] = nb::cast<std::vector<int64_t>>(fields[4]);
+      strides[i] = nb::cast<std::vector<int64_t>>(fields[5]);
+      s.shape = shapes[i];
+      s.strides = strides[i];
+    }
+    const std::string why = engine::check_value_rules(
+        rules_, std::span<const engine::SlotValues>(slots.data(), slots_), names_);
+    if (!why.empty()) {
+      PyErr_SetString(PyExc_ValueError, (op_ + ": " + why).c_str());
+      throw nb::python_error();
+    }
+  }
+
   void set_return_slot(int64_t slot) { return_slot_ = slot; }
   void set_target_label(std::string label) { target_label_ = std::move(label); }
 
@@ -337,6 +412,9 @@ class Dispatcher {
   int64_t return_slot_ = -1;
   std::string target_label_;
   std::array<bool, kMaxSlots> exchange_refused_{};
+  std::vector<engine::ValueRule> rules_;
+  std::vector<std::string> names_;
+  std::array<bool, kMaxSlots> reads_values_{};
 };
 
 
@@ -428,6 +506,9 @@ void bind_dispatcher(nb::module_& m) {
         return g_torch.exchange != nullptr;
       },
       "Hands the hot path what it reads from torch; returns whether DLPack exchange is used.");
+  m.def(
+      "set_host_values_reader", [](nb::handle reader) { g_torch.host_values = reader.inc_ref().ptr(); },
+      "t -> (keep-alive, host data pointer or 0, bits, is_int, shape, strides), for value rules.");
 
   g_call_entry_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&call_entry_spec));
   if (g_call_entry_type == nullptr) throw nb::python_error();
@@ -446,6 +527,13 @@ void bind_dispatcher(nb::module_& m) {
       .def("stats", &Dispatcher::stats)
       .def("clear", &Dispatcher::clear)
       .def("set_return_slot", &Dispatcher::set_return_slot)
+      .def("set_value_rules", &Dispatcher::set_value_rules, nb::arg("rules"), nb::arg("names"))
+      .def("check_values",
+           [](Dispatcher& d, nb::args args) {
+             if (args.size() != d.slots()) throw nb::type_error("check_values: one argument per input slot");
+             d.check_values(&PyTuple_GET_ITEM(args.ptr(), 0));
+           },
+           "Checks the value rules on one call's inputs (raises ValueError); the miss path's check.")
       .def("set_target_label", &Dispatcher::set_target_label);
 }
 

@@ -67,12 +67,14 @@ def test_upstreams_earlier_gemm_name_is_the_same_class_under_its_manifest_name()
 
 
 @pytest.mark.parametrize("cls", ALL_OPS, ids=lambda c: c.__name__)
-def test_forward_takes_the_manifest_inputs_with_optional_ones_defaulting_to_none(cls):
+def test_forward_takes_the_manifest_inputs_with_trailing_optional_ones_defaulting_to_none(cls):
     entry = ENTRIES[cls.__name__]
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
     assert [p.name for p in params] == list(entry.input_names())
-    for decl, p in zip(entry.inputs, params):
-        assert (p.default is None) if decl.optional else (p.default is inspect.Parameter.empty)
+    trailing = [all(d.optional for d in entry.inputs[i:]) for i in range(len(entry.inputs))]
+    for decl, p, last in zip(entry.inputs, params, trailing):
+        # an optional input defaults to None unless a required one follows it
+        assert (p.default is None) if decl.optional and last else (p.default is inspect.Parameter.empty)
 
 
 @pytest.mark.parametrize("cls", [c for c in ALL_OPS if not c._extra_args], ids=lambda c: c.__name__)

@@ -43,8 +43,9 @@ def test_every_op_forward_takes_its_manifest_inputs_in_order(cls):
     entry = manifest.entry(cls.__name__)
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
     assert [p.name for p in params] == [i.name for i in entry.inputs]
-    for p, decl in zip(params, entry.inputs):
-        assert (p.default is None) == decl.optional
+    for i, (p, decl) in enumerate(zip(params, entry.inputs)):
+        trailing = all(d.optional for d in entry.inputs[i:])  # no required input follows
+        assert (p.default is None) == (decl.optional and trailing)
 
 
 def test_rmsnorm_is_importable_from_its_family_module():

@@ -327,6 +327,26 @@ def materialise(call: Call) -> list[Any]:
     return out
 
 
+def with_valid_indices(entry: manifest.OpEntry, args: list[Any], params: dict) -> list[Any]:
+    """Offsets, lengths and page tables (what value rules read) made valid where the
+    call's shapes allow it, so that a call is refused for what its mutations broke."""
+    if not entry.value_rules:
+        return args
+    shapes = {d.name: tuple(a.shape) for d, a in zip(entry.inputs, args) if isinstance(a, torch.Tensor)}
+    try:
+        chosen = harness.index_inputs(entry, shapes, params, torch.Generator().manual_seed(0))
+    except Exception:  # noqa: BLE001 - shapes the rules cannot fill: the zeros stay
+        return args
+    out = list(args)
+    for i, decl in enumerate(entry.inputs[: len(args)]):
+        a = args[i]
+        if decl.name in chosen and isinstance(a, torch.Tensor) and a.device == CPU:
+            value = chosen[decl.name]
+            if value.shape == a.shape and value.dtype == a.dtype:
+                a.copy_(value)  # in place: a strided view stays strided
+    return out
+
+
 def reference_outputs(op: str, entry: manifest.OpEntry, args: list[Any], params: dict) -> list:
     """(dtype, shape) of each output, from torch's reference on meta copies of the inputs."""
     metas = tuple(
@@ -369,7 +389,7 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
         assert op_name in str(error), f"{context}: constructor error does not name the op: {error}"
         outcome("refused by the constructor")
         return
-    args = materialise(call)
+    args = with_valid_indices(entry, materialise(call), op.params)
     originals = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     problems = structural_problems(op_name, call)
     scored = any(call.ctor.get(p) not in (None,) for p in ("sm_scale", "softcap"))
@@ -569,3 +589,86 @@ def test_a_call_whose_output_could_not_exist_is_rejected_before_the_backend(
     with pytest.raises(ValueError, match=op_name):
         op(*args)
     assert recorder.builds == []
+
+
+# ---- value rules: malformed offsets, lengths and page tables --------------------------
+
+VALUE_RULE_OPS = sorted(name for name, e in manifest.all_entries().items() if e.value_rules)
+
+
+def value_rule_breakers(entry: manifest.OpEntry, shapes: dict, params: dict, inputs: dict) -> list:
+    """(label, name of the rule's input, replacements) breaking each value rule of a valid
+    call in the ways a caller gets it wrong."""
+    out = []
+    for rule in entry.value_rules:
+        name = rule.tensors[0]
+        t = inputs[name]
+        scalars = rule.scalar_values(shapes, params)
+        if rule.kind in ("offsets", "offsets_within"):
+            bad = t.clone()
+            if len(bad) >= 3:
+                bad[1] = bad[2] + 1  # then bad[2] < bad[1]
+            else:
+                bad[-1] += 1
+            out.append((f"decreasing {name}", name, {name: bad}))
+            past = t.clone()
+            past[-1] = scalars[0] + 1
+            out.append((f"{name} past its rows", name, {name: past}))
+        elif rule.kind == "spans_at_most" and int(t[-1]) > scalars[0]:
+            bad = torch.full_like(t, scalars[0] + 1)
+            bad[0], bad[-1] = 0, t[-1]
+            out.append((f"{name} with a span over {scalars[0]}", name, {name: bad}))
+        elif rule.kind == "at_least":
+            bad = t.clone()
+            bad[0] = scalars[0] - 1
+            out.append((f"{name} below {scalars[0]}", name, {name: bad}))
+        elif rule.kind == "pages":
+            page_size, num_pages = scalars
+            table, lengths = t, rule.tensors[1:]
+            tokens = sum(
+                (inputs[n][1:] - inputs[n][:-1]) if len(inputs[n]) == len(table) + 1 else inputs[n]
+                for n in lengths
+            )
+            used = int(torch.nonzero(tokens > 0)[0, 0]) if bool((tokens > 0).any()) else None
+            if used is not None:
+                for page in (num_pages, -1):
+                    bad = table.clone()
+                    bad[used, 0] = page
+                    out.append((f"{name} entry {page} outside the cache", name, {name: bad}))
+            for n in lengths:
+                if len(inputs[n]) == len(table):  # a length of its own, not offsets
+                    bad = inputs[n].clone()
+                    bad[0] = table.shape[1] * page_size + 1
+                    out.append((f"{n} beyond its pages", name, {n: bad}))
+    return out
+
+
+@pytest.mark.parametrize("op_name", VALUE_RULE_OPS)
+def test_malformed_offsets_lengths_and_page_tables_are_refused_before_the_backend(recorder, op_name):
+    entry = manifest.entry(op_name)
+    case = next(c for c in harness.cases(None, ops=[op_name], scale="tiny") if not c.strided)
+    inputs = dict(zip(entry.input_names(), harness.make_inputs(case)))
+    breakers = value_rule_breakers(entry, case.shapes, case.params, inputs)
+    assert breakers, f"{op_name}: no value rule could be broken"
+    for warm in (False, True):  # the miss path, then a memo hit (checked in C++)
+        op = OPS[op_name](**harness.constructor_args(case))
+        if warm:
+            op(*[None if v is None else v.clone() for v in inputs.values()])
+        builds = len(recorder.builds)
+        for label, rule_input, replaced in breakers:
+            args = [replaced.get(n, v) for n, v in inputs.items()]
+            with pytest.raises(ValueError, match=f"{op_name}: value rule .*{rule_input}") as error:
+                op(*args)
+            assert "does not hold" in str(error.value), label
+            assert len(recorder.builds) == builds, f"{label}: reached the builder"
+
+
+@pytest.mark.parametrize(
+    "op_name", sorted(n for n, e in manifest.all_entries().items() if "window_size_left" in e.param_names())
+)
+@pytest.mark.parametrize("window", [-2, -(2**40)])
+def test_a_negative_window_other_than_off_is_refused_at_construction(op_name, window):
+    case = harness.cases(None, ops=[op_name], scale="tiny", edge_cases=False)[0]
+    args = {**harness.constructor_args(case), "window_size_left": window}
+    with pytest.raises(ValueError, match=f"{op_name}.*window_size_left"):
+        OPS[op_name](**args)

@@ -12,6 +12,7 @@ import torch
 from ._errors import ManifestError
 from ._expr import Expr, TensorView, namespace, view_of
 from ._types import ParamType, dtype_rule_text
+from ._values import ValueRule
 
 Shape = tuple[int, ...]
 WorkloadCase = tuple[str, dict[str, "Shape | None"], dict[str, Any], torch.dtype]
@@ -83,6 +84,7 @@ class OpEntry:
         resolves: tuple[tuple[str, Expr], ...],
         param_rules: tuple[Expr, ...],
         shape_rules: tuple[Expr, ...],
+        value_rules: tuple[ValueRule, ...],
         roofline_vars: tuple[tuple[str, Expr], ...],
         flops: Expr,
         bytes_: Expr,
@@ -103,6 +105,7 @@ class OpEntry:
         self._resolves = resolves
         self._param_rules = param_rules
         self._shape_rules = shape_rules
+        self.value_rules = value_rules  # checked per call by the dispatcher, in C++
         self._roofline_vars = roofline_vars
         self._flops = flops
         self._bytes = bytes_

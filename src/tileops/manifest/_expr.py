@@ -121,6 +121,7 @@ HELPERS: dict[str, Any] = {
     "isinstance": isinstance,
     "set": set,
     "sorted": sorted,
+    "sum": sum,
 }
 
 # An empty __builtins__ stops eval from inserting the real builtins module.

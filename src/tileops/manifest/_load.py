@@ -13,6 +13,7 @@ import yaml
 from ._entry import InputDecl, OpEntry, OutputDecl, ParamDecl, _Workload
 from ._errors import ManifestError
 from ._expr import HELPERS, Expr, ExprError, compile_expr
+from ._values import ValueRule, ValueRuleError, parse_value_rule
 from ._types import (
     DTYPE_NAMES,
     ParamType,
@@ -36,8 +37,8 @@ _ENTRY_KEYS = {
 _ENTRY_OPTIONAL = {"torch_compile_fullgraph", "doc"}
 # Op classes live under this package; `module:` names where (see ops/_catalog.py).
 _OPS_PACKAGE = "tileops.ops"
-_SIGNATURE_KEYS = {"inputs", "outputs", "params", "param_rules", "shape_rules"}
-_SIGNATURE_OPTIONAL = {"params", "param_rules", "shape_rules"}
+_SIGNATURE_KEYS = {"inputs", "outputs", "params", "param_rules", "shape_rules", "value_rules"}
+_SIGNATURE_OPTIONAL = {"params", "param_rules", "shape_rules", "value_rules"}
 _INPUT_KEYS = {"dtype", "optional", "mutated"}
 _OUTPUT_KEYS = {"dtype", "shape"}
 _PARAM_KEYS = {"type", "default", "resolve", "kw_only"}
@@ -267,6 +268,23 @@ def _params(
     return tuple(decls), types, resolve_src
 
 
+def _value_rules(
+    ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: set[str]
+) -> tuple[ValueRule, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ctx.error("signature.value_rules", f"expected a list of checks, got {raw!r}")
+    declared = {i.name: i.dtypes for i in inputs}
+    rules = []
+    for index, text in enumerate(raw):
+        try:
+            rules.append(parse_value_rule(text, declared, params))
+        except ValueRuleError as exc:
+            raise ctx.error(f"signature.value_rules[{index}]", str(exc)) from None
+    return tuple(rules)
+
+
 def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
     ctx.identifier(name, None)
     raw = ctx.mapping(raw, None, empty_ok=False)  # type: ignore[arg-type]
@@ -294,6 +312,7 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
         sig.get("param_rules"), "signature.param_rules", param_names, param_names
     )
     shape_rules = ctx.expr_list(sig.get("shape_rules"), "signature.shape_rules", names, names)
+    value_rules = _value_rules(ctx, sig.get("value_rules"), inputs, param_names)
     resolves = tuple(
         (p, ctx.expr(src, f"signature.params.{p}.resolve", names, names))
         for p, src in resolve_src.items()
@@ -361,6 +380,7 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
         resolves=resolves,
         param_rules=param_rules,
         shape_rules=shape_rules,
+        value_rules=value_rules,
         roofline_vars=tuple(roof_vars),
         flops=flops,
         bytes_=nbytes,

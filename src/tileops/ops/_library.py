@@ -7,8 +7,10 @@ real implementation runs the op's normal eager path. A backend does nothing for 
 
 Schema: the op's inputs as tensors, then its manifest params, then its constructor-only
 arguments, then ``target`` ("" = device detection, "<builtin>" = in-tree, else a name).
-Ops with a written (``mutated``) input and ``inplace=True`` use a second op, ``<name>_``,
-that mutates that input and returns nothing.
+An op whose ``mutated`` inputs are written only in an in-place form (``inplace=True``)
+uses a second op for that form, ``<name>_``, that mutates the input and returns nothing;
+an op that writes them on every call (paged prefill appends to its cache) declares them
+mutated in its one op, which also returns the outputs.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _op_name(cls: type) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
-def _schema(cls: type, mutating: bool) -> str:
+def _schema(cls: type, mutating: bool, returns: bool) -> str:
     entry = cls._entry
     args = []
     for decl in entry.inputs:
@@ -61,16 +63,16 @@ def _schema(cls: type, mutating: bool) -> str:
     args += [f"{_schema_type(p.type)} {p.name}" for p in entry.params]
     args += [f"{kind} {name}" for name, kind in cls._extra_args.items()]
     args.append("str target")
-    returns = (
+    outputs = (
         "()"
-        if mutating
+        if not returns
         else (
             "Tensor"
             if len(entry.outputs) == 1
             else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")"
         )
     )
-    return f"({', '.join(args)}) -> {returns}"
+    return f"({', '.join(args)}) -> {outputs}"
 
 
 def define_custom_op(cls: Any) -> None:
@@ -103,13 +105,18 @@ def define_custom_op(cls: Any) -> None:
         outs = tuple(torch.empty(shape, dtype=dtype, device=device) for dtype, shape in metas)
         return outs[0] if len(outs) == 1 else outs
 
+    mutated = tuple(d.name for d in entry.inputs if d.mutated)
+    always = bool(mutated) and not cls._inplace_form  # written on every call
     functional = torch.library.custom_op(
-        f"tileops::{name}", real, mutates_args=(), schema=_schema(cls, mutating=False)
+        f"tileops::{name}",
+        real,
+        mutates_args=mutated if always else (),
+        schema=_schema(cls, mutating=always, returns=True),
     )
     functional.register_fake(fake)
     cls._custom_op = functional
 
-    if any(decl.mutated for decl in entry.inputs):
+    if mutated and not always:
 
         def real_inplace(*args: Any) -> None:
             real(*args)
@@ -117,12 +124,11 @@ def define_custom_op(cls: Any) -> None:
         def fake_inplace(*args: Any) -> None:
             return None
 
-        mutated = tuple(d.name for d in entry.inputs if d.mutated)
         inplace = torch.library.custom_op(
             f"tileops::{name}_",
             real_inplace,
             mutates_args=mutated,
-            schema=_schema(cls, mutating=True),
+            schema=_schema(cls, mutating=True, returns=False),
         )
         inplace.register_fake(fake_inplace)
         cls._custom_op_inplace = inplace

@@ -75,6 +75,16 @@ def decode_dtype(word: int) -> torch.dtype:
     raise LookupError(f"unknown dtype word {word}")
 
 
+def host_values(tensor: torch.Tensor) -> tuple[Any, int, int, bool, tuple[int, ...], tuple[int, ...]]:
+    """The value rules' slow reader: a host copy of a tensor the C++ path cannot read in
+    place (another device); a data pointer of 0 for a tensor without values (meta)."""
+    if tensor.is_meta:
+        return None, 0, 0, False, tuple(tensor.shape), ()
+    host = tensor.detach().to("cpu").contiguous()
+    is_int = not host.dtype.is_floating_point and not host.dtype.is_complex and host.dtype != torch.bool
+    return host, host.data_ptr(), host.dtype.itemsize * 8, is_int, tuple(host.shape), ()
+
+
 USES_DLPACK_EXCHANGE: bool = _C.init_torch_facts(
     torch.Tensor,
     torch.nn.Parameter,
@@ -83,3 +93,4 @@ USES_DLPACK_EXCHANGE: bool = _C.init_torch_facts(
     torch._C._is_torch_function_mode_enabled,
     torch._C._len_torch_dispatch_stack,
 )
+_C.set_host_values_reader(host_values)

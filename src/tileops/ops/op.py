@@ -56,8 +56,12 @@ def _spec(value: Any) -> Any:
 
 
 def _make_forward(cls: type[Op], names: Sequence[str], optional: Sequence[bool]) -> None:
-    """forward(self, <inputs>) with the manifest's input names; optional ones default to None."""
-    params = ", ".join(f"{n}=None" if opt else n for n, opt in zip(names, optional))
+    """forward(self, <inputs>) with the manifest's input names; optional ones default to None
+    when no required one follows (otherwise they are passed, as None when absent)."""
+    trailing = len(optional)
+    while trailing and optional[trailing - 1]:
+        trailing -= 1
+    params = ", ".join(f"{n}=None" if i >= trailing else n for i, n in enumerate(names))
     args = ", ".join(names)
     source = (
         f"def forward(self, {params}):\n"
@@ -116,6 +120,9 @@ class Op:
     _roles: ClassVar[dict[str, int]]
     #: Constructor arguments that are not manifest params but shape the op (GQA's dims).
     _extra_args: ClassVar[dict[str, str]] = {}
+    #: Whether the manifest's ``mutated`` inputs are written only by an in-place form
+    #: (``inplace=True``, returning the input); otherwise every call writes them.
+    _inplace_form: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,6 +174,12 @@ class Op:
             _weak(self, "_on_trace"),
             _weak(self, "_on_first_result"),
         )
+        if entry.value_rules:
+            slots = {name: index for index, name in enumerate(entry.input_names())}
+            self._dispatcher.set_value_rules(
+                [rule.compiled(self.params, slots) for rule in entry.value_rules],
+                list(entry.input_names()),
+            )
         self._dispatch = self._dispatcher.entry()  # what forward calls: vectorcall, no tuple
         self._configure_return()
 
@@ -229,6 +242,8 @@ class Op:
         # The manifest is the one place a call is validated (arity, types, devices, rules).
         specs = [_spec(t) for t in tensors]
         self._entry.check_inputs(specs, self.params)
+        if self._entry.value_rules:  # per call on hits (in C++); here before any build
+            self._dispatcher.check_values(*tensors)
         self._check_output_sizes(specs)
         device = next((t.device for t in tensors if t is not None), None)
         if device is None:

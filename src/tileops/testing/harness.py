@@ -16,6 +16,7 @@ reuses it from its own tests::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -196,8 +197,77 @@ def make_inputs(case: Case, generator: torch.Generator | None = None) -> list[to
             t = torch.randint(low, high, shape, generator=gen, dtype=dtype)
         if case.op == "ClampFwdOp" and decl.name == "max" and out[1] is not None:
             t = torch.maximum(t, out[1])  # keep min <= max, as torch.clamp's docs assume
-        out.append(_strided(t) if case.strided and t.ndim >= 2 else t)
+        out.append(t)
+    if entry.value_rules:
+        chosen = index_inputs(entry, case.shapes, case.params, gen)
+        out = [chosen.get(d.name, t) for d, t in zip(entry.inputs, out)]
+    if case.strided:
+        out = [_strided(t) if t is not None and t.ndim >= 2 else t for t in out]
     return [None if t is None else t.to(case.device) for t in out]
+
+
+def index_inputs(
+    entry: manifest.OpEntry, shapes: dict, params: dict, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Values for the inputs an entry's value rules read, which every rule accepts: offsets
+    split their total unevenly (empty requests included), lengths fill what the page
+    tables leave, and each request gets pages of its own, so no two write one row."""
+    rules = entry.value_rules
+    dtypes = {d.name: d.dtypes[-1] for d in entry.inputs if d.dtypes}
+    out: dict[str, torch.Tensor] = {}
+    limit = {r.tensors[0]: r.scalar_values(shapes, params)[0] for r in rules if r.kind == "spans_at_most"}
+    low = {r.tensors[0]: r.scalar_values(shapes, params)[0] for r in rules if r.kind == "at_least"}
+    for rule in rules:
+        if rule.kind in ("offsets", "offsets_within"):
+            name = rule.tensors[0]
+            (total,) = rule.scalar_values(shapes, params)
+            if rule.kind == "offsets_within":
+                total -= min(3, total // 4)  # a few trailing rows of padding
+            count = shapes[name][0] - 1
+            spans = _uneven_split(total, count, limit.get(name, total), gen)
+            out[name] = torch.tensor([0, *itertools.accumulate(spans)], dtype=dtypes[name])
+    for rule in rules:
+        if rule.kind != "pages":
+            continue
+        table, *lengths = rule.tensors
+        page_size, num_pages = rule.scalar_values(shapes, params)
+        batch, width = shapes[table]
+        fixed = [0] * batch
+        free = [n for n in lengths if n not in out]
+        for n in lengths:
+            if n in out:
+                values = out[n].tolist()
+                spans = [b - a for a, b in zip(values[:-1], values[1:])] if len(values) == batch + 1 else values
+                fixed = [f + s for f, s in zip(fixed, spans)]
+        share = min(width, num_pages // max(batch, 1)) * page_size  # tokens a request may hold
+        for n in free:
+            floor = max(low.get(n, 0), 0)
+            room = [max(share - f, floor) for f in fixed]
+            values = [int(torch.randint(floor, r + 1, (1,), generator=gen)) for r in room]
+            out[n] = torch.tensor(values, dtype=dtypes[n])
+            fixed = [f + x for f, x in zip(fixed, values)]
+        pages = torch.randperm(num_pages, generator=gen).tolist()
+        rows = torch.randint(0, max(num_pages, 1), (batch, width), generator=gen)  # unused entries: valid pages
+        at = 0
+        for b, tokens in enumerate(fixed):
+            used = min(-(-tokens // page_size), width)
+            rows[b, :used] = torch.tensor([pages[(at + i) % num_pages] for i in range(used)], dtype=rows.dtype)
+            at += used
+        out[table] = rows.to(dtypes[table])
+    return out
+
+
+def _uneven_split(total: int, count: int, limit: int, gen: torch.Generator) -> list[int]:
+    """``count`` non-negative parts of ``total``, each at most ``limit``, not all equal."""
+    spans = [total // count + (1 if i < total % count else 0) for i in range(count)]
+    for _ in range(2 * count):
+        a, b = torch.randint(0, count, (2,), generator=gen).tolist()
+        move = min(spans[a], limit - spans[b])
+        if a != b and move > 0:
+            shift = int(torch.randint(0, move + 1, (1,), generator=gen))
+            spans[a] -= shift
+            spans[b] += shift
+    return spans
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ class _InPlaceCapable(Op):
     """Activations with ``inplace=True`` write the caller's input and return that tensor."""
 
     _abstract = True
+    _inplace_form = True
 
     def _returns_input(self) -> bool:
         return bool(self.params["inplace"])
