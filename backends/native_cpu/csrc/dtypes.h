@@ -17,6 +17,8 @@ inline constexpr int kNumDTypes = 9;
 inline constexpr const char* kDTypeNames[kNumDTypes] = {"float32", "float16", "bfloat16", "bool", "uint8",
                                                         "int8",    "int16",   "int32",    "int64"};
 inline const char* dtype_name(DType d) { return kDTypeNames[static_cast<int>(d)]; }
+inline constexpr int64_t kDTypeBytes[kNumDTypes] = {4, 2, 2, 1, 1, 1, 2, 4, 8};
+inline int64_t dtype_size(DType d) { return kDTypeBytes[static_cast<int>(d)]; }
 
 // Tensor views and the kernels' args hold up to this many axes.
 inline constexpr int kMaxDims = 16;

@@ -332,6 +332,127 @@ def _gqa_decode() -> Callable[..., RefResult]:
     return ref
 
 
+# ---- serving attention: packed requests, paged caches (layouts in attention.yaml) ------
+
+
+def _attend(
+    q: Tensor, k: Tensor, v: Tensor, *, diag: int, causal: bool, left: int, right: int,
+    scale: float | None, softcap: float | None,
+) -> Tensor:
+    """One request in float32: q [Lq, H, D] and k, v [Lk, H_kv, D] -> [Lq, H, D]. Query i
+    sits on key diagonal i + diag; a query that sees no key gets zeros."""
+    lq, heads, dim = q.shape
+    group = heads // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))
+    scores = _attention_scores(q.float().transpose(0, 1), kf, dim**-0.5 if scale is None else scale, softcap or 0.0)
+    i = torch.arange(lq, device=q.device)[:, None] + diag
+    j = torch.arange(k.shape[0], device=q.device)[None, :]
+    visible = torch.ones(lq, k.shape[0], dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= j <= i
+    elif right >= 0:
+        visible &= j <= i + right
+    if left >= 0:
+        visible &= j >= i - left
+    weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
+    return (weights @ vf).transpose(0, 1)
+
+
+def _page_rows(block_table: Tensor, b: int, length: int, page_size: int) -> Tensor:
+    """Cache rows of positions 0..length-1 of request b."""
+    t = torch.arange(length, device=block_table.device)
+    return block_table[b].long()[t // page_size] * page_size + t % page_size
+
+
+def _spans(cu: Tensor) -> list[tuple[int, int]]:
+    bounds = cu.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _varlen_prefill() -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor,
+        q_scale: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+        *, is_causal: bool, sm_scale: float | None, softcap: float | None,
+        window_size_left: int, window_size_right: int, **_: Any,
+    ) -> Tensor:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for (q0, q1), (k0, k1) in zip(_spans(cu_seqlens_q), _spans(cu_seqlens_kv)):
+            out[q0:q1] = _attend(
+                q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=is_causal,
+                left=window_size_left, right=window_size_right, scale=sm_scale, softcap=softcap,
+            )
+        return _down(out, q)
+
+    return ref
+
+
+def _paged_prefill() -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor, k_new: Tensor, v_new: Tensor, k_pages: Tensor, v_pages: Tensor,
+        k_scale: Tensor | None, v_scale: Tensor | None, cu_seqlens_q: Tensor,
+        cache_seqlens: Tensor, block_table: Tensor,
+        *, page_size: int, is_causal: bool, sm_scale: float | None, softcap: float | None, **_: Any,
+    ) -> Tensor:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for b, (q0, q1) in enumerate(_spans(cu_seqlens_q)):
+            cached = int(cache_seqlens[b])
+            rows = _page_rows(block_table, b, cached + q1 - q0, page_size)
+            k_pages[rows[cached:]] = k_new[q0:q1]  # the append, in place as the op does
+            v_pages[rows[cached:]] = v_new[q0:q1]
+            out[q0:q1] = _attend(
+                q[q0:q1], k_pages[rows], v_pages[rows], diag=cached, causal=is_causal,
+                left=-1, right=-1, scale=sm_scale, softcap=softcap,
+            )
+        return _down(out, q)
+
+    return ref
+
+
+def _paged_decode() -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor, k: Tensor, v: Tensor, real_seqlen_kv: Tensor, block_table: Tensor,
+        *, page_size: int, sm_scale: float | None, softcap: float | None, window_size_left: int,
+    ) -> Tensor:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for b, length in enumerate(real_seqlen_kv.tolist()):
+            rows = _page_rows(block_table, b, length, page_size)
+            out[b : b + 1] = _attend(
+                q[b : b + 1], k[rows], v[rows], diag=length - 1, causal=True,
+                left=window_size_left, right=-1, scale=sm_scale, softcap=softcap,
+            )
+        return _down(out, q)
+
+    return ref
+
+
+def _sliding_window() -> Callable[..., RefResult]:
+    def ref(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, window_size_left: int, window_size_right: int) -> Tensor:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        for b in range(q.shape[0]):
+            out[b] = _attend(q[b], k[b], v[b], diag=0, causal=is_causal, left=window_size_left,
+                             right=window_size_right, scale=None, softcap=None)
+        return _down(out, q)
+
+    return ref
+
+
+def _sliding_window_varlen() -> Callable[..., RefResult]:
+    def ref(
+        q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+        *, is_causal: bool, window_size_left: int, window_size_right: int, **_: Any,
+    ) -> Tensor:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # rows past cu_seqlens_q[-1] stay 0
+        for (q0, q1), (k0, k1) in zip(_spans(cu_seqlens_q), _spans(cu_seqlens_k)):
+            out[q0:q1] = _attend(
+                q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=is_causal,
+                left=window_size_left, right=window_size_right, scale=None, softcap=None,
+            )
+        return _down(out, q)
+
+    return ref
+
+
 def _api_call(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     """The default: inputs positionally, the manifest params by name, in float32."""
 
@@ -366,6 +487,11 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
     "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
+    "GroupedQueryAttentionPrefillFwdOp": _varlen_prefill,
+    "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp": _paged_prefill,
+    "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp": _paged_decode,
+    "GroupedQueryAttentionSlidingWindowFwdOp": _sliding_window,
+    "GroupedQueryAttentionSlidingWindowVarlenFwdOp": _sliding_window_varlen,
 }
 
 

@@ -1,9 +1,45 @@
-// The attention family: grouped-query attention, prefill (blocked online softmax over
-// [B, S, H, D] with [B, S, Hkv, D] keys and values, optionally causal) and decode (one
-// query per sequence against a [B, N, Hkv, D] cache). Included inside a per-ISA namespace
-// by kernels/families.h (after kernels/common.h); marshalling in bind/attention.cc.
+// The attention family: grouped-query attention over a batch of requests, each op reduced
+// to the layout of kernels/attention_args.h (dense [B, S, H, D], packed variable-length
+// rows, or a paged KV cache). Prefill is a blocked online softmax over blocks of queries of
+// one request and one KV head; decode (one query per request) streams each request's keys
+// once. Included inside a per-ISA namespace by kernels/families.h (after kernels/common.h);
+// marshalling in bind/attention.cc.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
+
+// ---------------------------------------------------------------------------------------
+// what a query sees, and where a key lives
+
+struct KeySpan {
+  int64_t lo, hi;  // keys [lo, hi); empty when hi == lo
+};
+
+// Query i of request b: its diagonal is i + kv_len - q_len (bottom-right alignment).
+inline KeySpan visible_keys(const tnc::AttentionArgs& a, int64_t b, int64_t i) {
+  const int64_t n = a.kv_len[b], diag = i + n - a.q_len[b];
+  int64_t lo = 0, hi = n;
+  if (a.causal) {
+    hi = std::min(hi, diag + 1);
+  } else if (a.window_right >= 0) {
+    hi = std::min(hi, diag + a.window_right + 1);
+  }
+  if (a.window_left >= 0) lo = std::max(lo, diag - a.window_left);
+  return {lo, std::max(lo, hi)};
+}
+
+inline int64_t kv_row(const tnc::AttentionArgs& a, int64_t b, int64_t t) {
+  if (a.block_table == nullptr) return a.kv_begin[b] + t;
+  const int64_t page = a.block_table[b * a.table_stride + t / a.page_size];
+  return page * a.page_size + t % a.page_size;
+}
+
+// cap * tanh(s / cap), as 1 - 2 / (e^(2 s / cap) + 1): exact enough at the ends (vexp
+// saturates to 0 or a finite huge value) and within a few float ulps of s near 0.
+inline F vsoftcap(F s, float cap) {
+  const F e = vexp(S::mul(s, S::set1(2.f / cap)));
+  const F t = S::sub(S::set1(1.f), S::div(S::set1(2.f), S::add(e, S::set1(1.f))));
+  return S::mul(t, S::set1(cap));
+}
 
 // ---------------------------------------------------------------------------------------
 // prefill: blocked online softmax in float32
@@ -14,10 +50,15 @@ constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
 template <class T>
 void attention(const tnc::AttentionArgs& a, int threads) {
   const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
-  const int64_t qblocks = (a.seq_q + kAttnBQ - 1) / kAttnBQ;
-  const int64_t items = a.batch * a.heads_kv * qblocks;
+  struct Item {
+    int64_t b, hkv, q0;
+  };
+  std::vector<Item> work;  // request, KV head, first query: the query blocks, request-major
+  for (int64_t b = 0; b < a.batch; ++b)
+    for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv)
+      for (int64_t q0 = 0; q0 < a.q_len[b]; q0 += kAttnBQ) work.push_back({b, hkv, q0});
   const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
-  tnc::parallel_for(items, 1, threads, [&](int64_t i0, int64_t i1) {
+  tnc::parallel_for(static_cast<int64_t>(work.size()), 1, threads, [&](int64_t i0, int64_t i1) {
     const int64_t rows_max = G * kAttnBQ;
     float* Q = scratch(static_cast<size_t>(rows_max * Dp + rows_max * Dp + rows_max * kAttnBK + 2 * rows_max), 0);
     float* O = Q + rows_max * Dp;
@@ -27,12 +68,12 @@ void attention(const tnc::AttentionArgs& a, int threads) {
     float* Kt = scratch(static_cast<size_t>(D * kAttnBK), 1);
     float* V = scratch(static_cast<size_t>(kAttnBK * Dp), 2);
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t qb = item % qblocks, hkv = (item / qblocks) % a.heads_kv, b = item / (qblocks * a.heads_kv);
-      const int64_t q0 = qb * kAttnBQ, bq = std::min(kAttnBQ, a.seq_q - q0);
-      const int64_t rows = G * bq;
+      const auto [b, hkv, q0] = work[static_cast<size_t>(item)];
+      const int64_t bq = std::min(kAttnBQ, a.q_len[b] - q0);
+      const int64_t rows = G * bq, qrow0 = a.q_begin[b] + q0;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t i = 0; i < bq; ++i) {
-          const T* src = static_cast<const T*>(a.q) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          const T* src = static_cast<const T*>(a.q) + (qrow0 + i) * q_tok + (hkv * G + g) * D;
           float* dst = Q + (g * bq + i) * Dp;
           for (int64_t d = 0; d < D; ++d) dst[d] = tnc::to_float(src[d]) * a.scale;
           for (int64_t d = D; d < Dp; ++d) dst[d] = 0.f;
@@ -42,10 +83,10 @@ void attention(const tnc::AttentionArgs& a, int threads) {
         L[r] = 0.f;
         for (int64_t d = 0; d < Dp; ++d) O[r * Dp + d] = 0.f;
       }
-      // causal: top-left aligned, key j is visible to query i when j <= i
-      const int64_t kv_end = a.causal ? std::min(a.seq_kv, q0 + bq) : a.seq_kv;
-      for (int64_t k0 = 0; k0 < kv_end; k0 += kAttnBK) {
-        const int64_t bk = std::min(kAttnBK, kv_end - k0);
+      // the keys any query of the block sees (both bounds grow with the query index)
+      const int64_t kv_lo = visible_keys(a, b, q0).lo, kv_hi = visible_keys(a, b, q0 + bq - 1).hi;
+      for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kAttnBK) {
+        const int64_t bk = std::min(kAttnBK, kv_hi - k0);
         for (int64_t j = 0; j < kAttnBK; ++j) {
           float* vdst = V + j * Dp;
           if (j >= bk) {
@@ -53,7 +94,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
             for (int64_t d = 0; d < Dp; ++d) vdst[d] = 0.f;
             continue;
           }
-          const int64_t tok = (b * a.seq_kv + k0 + j) * kv_tok + hkv * D;
+          const int64_t tok = kv_row(a, b, k0 + j) * kv_tok + hkv * D;
           const T* ks = static_cast<const T*>(a.k) + tok;
           const T* vs = static_cast<const T*>(a.v) + tok;
           for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = tnc::to_float(ks[d]);
@@ -73,16 +114,20 @@ void attention(const tnc::AttentionArgs& a, int threads) {
               s2 = S::fma(S::set1(q[2][d]), kv, s2);
               s3 = S::fma(S::set1(q[3][d]), kv, s3);
             }
-            const F s[4] = {s0, s1, s2, s3};
-            for (int i = 0; i < 4 && r0 + i < rows; ++i) S::store(P + (r0 + i) * kAttnBK + c, s[i]);
+            F s[4] = {s0, s1, s2, s3};
+            for (int i = 0; i < 4 && r0 + i < rows; ++i) {
+              if (a.softcap > 0.f) s[i] = vsoftcap(s[i], a.softcap);
+              S::store(P + (r0 + i) * kAttnBK + c, s[i]);
+            }
           }
         }
-        // online softmax per row
+        // online softmax per row, over the keys that row sees
         for (int64_t r = 0; r < rows; ++r) {
           float* p = P + r * kAttnBK;
-          const int64_t qi = q0 + r % bq;
-          const int64_t visible = a.causal ? std::min(bk, qi - k0 + 1) : bk;
-          for (int64_t j = std::max<int64_t>(visible, 0); j < kAttnBK; ++j) p[j] = -std::numeric_limits<float>::infinity();
+          const KeySpan seen = visible_keys(a, b, q0 + r % bq);
+          const int64_t j_lo = std::clamp<int64_t>(seen.lo - k0, 0, bk), j_hi = std::clamp<int64_t>(seen.hi - k0, j_lo, bk);
+          for (int64_t j = 0; j < j_lo; ++j) p[j] = -std::numeric_limits<float>::infinity();
+          for (int64_t j = j_hi; j < kAttnBK; ++j) p[j] = -std::numeric_limits<float>::infinity();
           F row_max = S::load(p);
           for (int64_t j = W; j < kAttnBK; j += W) row_max = S::max(row_max, S::load(p + j));
           const float mx = std::max(Mx[r], S::reduce_max(row_max));
@@ -134,7 +179,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
         for (int64_t i = 0; i < bq; ++i) {
           const int64_t r = g * bq + i;
           const F inv = S::set1(L[r] > 0.f ? 1.f / L[r] : 0.f);
-          T* dst = static_cast<T*>(a.o) + (b * a.seq_q + q0 + i) * q_tok + (hkv * G + g) * D;
+          T* dst = static_cast<T*>(a.o) + (qrow0 + i) * q_tok + (hkv * G + g) * D;
           for (int64_t d = 0; d < D; d += W) storec(dst + d, S::mul(S::load(O + r * Dp + d), inv), D - d);
         }
     }
@@ -155,10 +200,11 @@ struct FloatDecodeScores {
   static void* alloc_query(int64_t, int64_t) { return nullptr; }
 };
 
-// Decode: one query per sequence. Memory-bound on K and V, which are streamed once: a
-// task owns a range of cached positions of one sequence and walks it in blocks of W
-// tokens over every KV head (the cache is [B, N, Hkv, D], so a block is one contiguous
-// run; walking one KV head alone would touch a new page every few rows). Every query head
+// Decode: one query per request (every q_len is 1). Memory-bound on K and V, which are
+// streamed once: a task owns a range of the positions one request sees and walks it in
+// blocks of W tokens over every KV head (a token's row holds every KV head, so a block is
+// W whole rows, contiguous unless a page ends inside it; walking one KV head alone would
+// touch a new page every few rows). Every query head
 // of a group is served by the same load of a K or V row. The G x W dot products of a
 // block are finished by one transpose-add per query head (no horizontal reduction per
 // key), the softmax update is vectorised over the block's keys, and P V runs over
@@ -166,17 +212,21 @@ struct FloatDecodeScores {
 // alone cannot keep every thread busy; the splits are merged at the end.
 template <class T, class Scores = FloatDecodeScores>
 void attention_decode(const tnc::AttentionArgs& a, int threads) {
-  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, N = a.seq_kv, H = a.heads;
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, H = a.heads;
   const int64_t dfull = D / W * W;
   const int64_t groups = a.batch * a.heads_kv;
+  int64_t N = 0;  // the most positions a request sees
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const KeySpan seen = visible_keys(a, b, 0);
+    N = std::max(N, seen.hi - seen.lo);
+  }
   int64_t splits = 1;
   if (a.batch < 4 * threads)
     splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
-  const int64_t span = (N + splits - 1) / std::max<int64_t>(splits, 1);
   const int64_t part_stride = Dp + 2;
   std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
   const int64_t kv_tok = a.heads_kv * D;
-  tnc::parallel_for(a.batch * splits, 1, threads, [&, D, Dp, G, N, H, dfull, kv_tok, splits, span](int64_t i0, int64_t i1) {
+  tnc::parallel_for(a.batch * splits, 1, threads, [&, D, Dp, G, H, dfull, kv_tok, splits](int64_t i0, int64_t i1) {
     float* Q = scratch(static_cast<size_t>(2 * H * Dp + 2 * H + G * W + G * W * W), 0);
     float* O = Q + H * Dp;
     float* mx = O + H * Dp;
@@ -186,39 +236,45 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
     const auto own_query = Scores::alloc_query(H, D);  // an ISA extension's copy of the queries
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t b = item / splits, sp = item % splits;
-      const int64_t n0 = sp * span, n1 = std::min(N, n0 + span);
+      const KeySpan seen = visible_keys(a, b, 0);
+      const int64_t span = (seen.hi - seen.lo + splits - 1) / splits;
+      const int64_t n0 = seen.lo + sp * span, n1 = std::min(seen.hi, n0 + span);
       for (int64_t h = 0; h < H; ++h) {
-        const T* src = static_cast<const T*>(a.q) + (b * H + h) * D;
+        const T* src = static_cast<const T*>(a.q) + (a.q_begin[b] * H + h) * D;
         for (int64_t d = 0; d < Dp; ++d) Q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
         for (int64_t d = 0; d < Dp; ++d) O[h * Dp + d] = 0.f;
         if constexpr (Scores::kOwnQuery) Scores::load_query(own_query, h, src, D);
         mx[h] = -std::numeric_limits<float>::infinity();
         l[h] = 0.f;
       }
+      int64_t row[W] = {}, next_row[W] = {};  // cache rows of this block's and the next block's keys
+      const int nb0 = static_cast<int>(std::min<int64_t>(W, n1 - n0));
+      for (int j = 0; j < nb0; ++j) next_row[j] = kv_row(a, b, n0 + j);
       for (int64_t k0 = n0; k0 < n1; k0 += W) {
         const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
+        const int nb = static_cast<int>(std::clamp<int64_t>(n1 - k0 - W, 0, W));
+        for (int j = 0; j < bk; ++j) row[j] = next_row[j];
+        for (int j = 0; j < nb; ++j) next_row[j] = kv_row(a, b, k0 + W + j);
         if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
           for (int64_t i = 0; i < G * W * W; ++i) Acc[i] = 0.f;
         for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv) {
-          const T* kbase = static_cast<const T*>(a.k) + (b * N + k0) * kv_tok + hkv * D;
-          const T* vbase = static_cast<const T*>(a.v) + (b * N + k0) * kv_tok + hkv * D;
+          const T* kbase = static_cast<const T*>(a.k) + hkv * D;
+          const T* vbase = static_cast<const T*>(a.v) + hkv * D;
           const float* Qg = Q + hkv * G * Dp;
           float* Og = O + hkv * G * Dp;
-          if (k0 + W < n1) {  // the next block of this KV head into L2 while this one computes
-            const int nb = static_cast<int>(std::min<int64_t>(W, n1 - k0 - W));
-            for (int j = 0; j < nb; ++j)
-              for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
-                __builtin_prefetch(reinterpret_cast<const char*>(kbase + (W + j) * kv_tok) + byte, 0, 2);
-                __builtin_prefetch(reinterpret_cast<const char*>(vbase + (W + j) * kv_tok) + byte, 0, 2);
-              }
-          }
+          // the next block of this KV head into L2 while this one computes
+          for (int j = 0; j < nb; ++j)
+            for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+              __builtin_prefetch(reinterpret_cast<const char*>(kbase + next_row[j] * kv_tok) + byte, 0, 2);
+              __builtin_prefetch(reinterpret_cast<const char*>(vbase + next_row[j] * kv_tok) + byte, 0, 2);
+            }
           // scores: register blocks of 4 keys x 4 query heads (16 independent FMA chains;
           // one K row load serves four heads). Dead keys and heads repeat the last live one:
           // dead keys' lanes are masked below, dead heads are not stored.
           for (int j0 = 0; j0 < bk; j0 += 4) {
             const T* kr[4];
 #pragma GCC unroll 4
-            for (int jj = 0; jj < 4; ++jj) kr[jj] = kbase + std::min(j0 + jj, bk - 1) * kv_tok;
+            for (int jj = 0; jj < 4; ++jj) kr[jj] = kbase + row[std::min(j0 + jj, bk - 1)] * kv_tok;
             for (int64_t g0 = 0; g0 < G; g0 += 4) {
               const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
               const float* qr[4];
@@ -270,6 +326,7 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
             for (int j = 0; j < W; ++j) acc_rows[j] = S::load(Acc + (g * W + j) * W);
             F sc = S::transpose_add(acc_rows);
             if constexpr (Scores::kOwnQuery) sc = S::mul(sc, S::set1(a.scale));  // from the unscaled query
+            if (a.softcap > 0.f) sc = vsoftcap(sc, a.softcap);
             if (bk < W) {
               alignas(64) float lanes[W];
               S::store(lanes, sc);
@@ -305,7 +362,7 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
                 for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
               }
               for (int j = 0; j < bk; ++j) {
-                const T* vr = vbase + j * kv_tok + d0;
+                const T* vr = vbase + row[j] * kv_tok + d0;
                 F vv[4];
 #pragma GCC unroll 4
                 for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
@@ -352,7 +409,7 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
-    T* dst = static_cast<T*>(a.o) + (b * a.heads + hkv * G + g) * D;
+    T* dst = static_cast<T*>(a.o) + (a.q_begin[b] * a.heads + hkv * G + g) * D;
     for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
   };
   tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {

@@ -87,8 +87,13 @@ _TABLE: dict[str, Factory] = {
     "RopeYarnFwdOp": rope_neox(scaling="yarn"),
     "RopeLlama31PositionIdsFwdOp": rope_neox_position_ids(scaling="llama31"),
     "RopeYarnPositionIdsFwdOp": rope_neox_position_ids(scaling="yarn"),
-    "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
-    "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
+    "GroupedQueryAttentionFwdOp": attention(HALVES, form="prefill"),
+    "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, form="decode"),
+    "GroupedQueryAttentionPrefillFwdOp": attention(HALVES, form="varlen"),
+    "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp": attention(HALVES, form="paged_prefill"),
+    "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp": attention(HALVES, form="paged_decode"),
+    "GroupedQueryAttentionSlidingWindowFwdOp": attention(HALVES, form="prefill"),
+    "GroupedQueryAttentionSlidingWindowVarlenFwdOp": attention(HALVES, form="varlen_window"),
 }
 
 

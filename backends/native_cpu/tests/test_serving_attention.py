@@ -1,0 +1,163 @@
+"""Serving attention: packed requests and paged caches, beyond the conformance harness.
+
+The harness checks every op against its reference on the manifest's workloads; these
+tests pin what serving relies on: a paged cache read through its block table is the same
+cache laid out densely, chunked prefill into pages equals one prefill of the whole
+sequence, windows wider than a sequence change nothing, requests that see no key get
+zeros, and a kernel called directly refuses an index that would read outside a tensor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import HALVES, close, run
+from tileops_native_cpu import builders as b
+
+B = b.BUILDERS
+DECODE = B["GroupedQueryAttentionDecodeWithKVCacheFwdOp"]
+PAGED_DECODE = B["GroupedQueryAttentionDecodePagedWithKVCacheFwdOp"]
+PAGED_PREFILL = B["GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp"]
+VARLEN = B["GroupedQueryAttentionPrefillFwdOp"]
+WINDOW_VARLEN = B["GroupedQueryAttentionSlidingWindowVarlenFwdOp"]
+I32 = torch.int32
+
+
+def scatter_into_pages(k: list[torch.Tensor], page_size: int, pages: int, width: int, gen: torch.Generator):
+    """Each request's keys [L, Hkv, D] into a shared cache of `pages` pages, in shuffled
+    pages; unused table entries hold -1, which a kernel must never read."""
+    heads_kv, dim = k[0].shape[1:]
+    cache = torch.randn(pages * page_size, heads_kv, dim).to(k[0].dtype)
+    table = torch.full((len(k), width), -1, dtype=I32)
+    free = torch.randperm(pages, generator=gen).tolist()
+    for r, keys in enumerate(k):
+        for p in range(-(-keys.shape[0] // page_size)):
+            page = free.pop()
+            table[r, p] = page
+            rows = keys[p * page_size : (p + 1) * page_size]
+            cache[page * page_size : page * page_size + rows.shape[0]] = rows
+    return cache, table
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_paged_decode_is_dense_decode_of_each_gathered_cache(dtype, page_size):
+    gen = torch.Generator().manual_seed(1)
+    lengths, heads, heads_kv, dim = [1, 37, 130, 64], 8, 2, 64
+    k = [torch.randn(n, heads_kv, dim).to(dtype) for n in lengths]
+    v = [torch.randn(n, heads_kv, dim).to(dtype) for n in lengths]
+    width = -(-max(lengths) // page_size) + 1
+    pages = sum(-(-n // page_size) for n in lengths) + 2
+    k_cache, table = scatter_into_pages(k, page_size, pages, width, gen)
+    v_cache, _ = scatter_into_pages(v, page_size, pages, width, torch.Generator().manual_seed(1))
+    q = torch.randn(len(lengths), heads, dim).to(dtype)
+    out = run(PAGED_DECODE, q, k_cache, v_cache, torch.tensor(lengths, dtype=I32), table, page_size=page_size,
+              sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1)
+    for r in range(len(lengths)):
+        dense = run(DECODE, q[r : r + 1], k[r][None], v[r][None])
+        close(out[r : r + 1], dense)
+
+
+def test_a_decode_window_keeps_the_last_tokens_and_a_wide_one_keeps_all():
+    gen = torch.Generator().manual_seed(2)
+    n, page_size = 50, 8
+    k, v = torch.randn(1, n, 2, 32).bfloat16(), torch.randn(1, n, 2, 32).bfloat16()
+    k_cache, table = scatter_into_pages([k[0]], page_size, 8, 8, gen)
+    v_cache, _ = scatter_into_pages([v[0]], page_size, 8, 8, torch.Generator().manual_seed(2))
+    q = torch.randn(1, 4, 32).bfloat16()
+    lens = torch.tensor([n], dtype=I32)
+
+    def decode(window: int) -> torch.Tensor:
+        return run(PAGED_DECODE, q, k_cache, v_cache, lens, table, page_size=page_size, sm_scale=32**-0.5,
+                   softcap=0.0, window_size_left=window)
+
+    close(decode(10**6), run(DECODE, q, k, v))
+    close(decode(n - 1), run(DECODE, q, k, v))
+    close(decode(9), run(DECODE, q, k[:, -10:], v[:, -10:]))
+    # window 0: the query sees its own token only, so the output is that token's value
+    close(decode(0), v[0, -1].repeat_interleave(2, dim=0)[None])
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_chunked_prefill_into_pages_equals_one_prefill_of_the_whole_sequence(dtype):
+    gen = torch.Generator().manual_seed(3)
+    heads, heads_kv, dim, page_size, n = 4, 2, 32, 16, 70
+    q, k, v = (torch.randn(n, h, dim).to(dtype) for h in (heads, heads_kv, heads_kv))
+    whole = run(VARLEN, q, k, v, torch.tensor([0, n], dtype=I32), torch.tensor([0, n], dtype=I32), None, None, None,
+                max_seqlen_q=n, max_seqlen_kv=n, is_causal=True, sm_scale=dim**-0.5, softcap=0.0,
+                window_size_left=-1, window_size_right=-1)
+    pages, width = 8, 6
+    k_pages, v_pages = torch.zeros(pages * page_size, heads_kv, dim, dtype=dtype), torch.zeros(pages * page_size, heads_kv, dim, dtype=dtype)
+    table = torch.tensor([torch.randperm(pages, generator=gen)[:width].tolist()], dtype=I32)
+    before = k_pages.clone()
+    outs = []
+    for start, stop in ((0, 25), (25, 26), (26, n)):  # a chunk, a single token, the rest
+        chunk = slice(start, stop)
+        outs.append(run(PAGED_PREFILL, q[chunk], k[chunk], v[chunk], k_pages, v_pages, None, None,
+                        torch.tensor([0, stop - start], dtype=I32), torch.tensor([start], dtype=I32), table,
+                        max_pages_per_req=width, page_size=page_size, max_seqlen_q=stop - start, is_causal=True,
+                        sm_scale=dim**-0.5, softcap=0.0))
+    close(torch.cat(outs), whole)
+    rows = torch.tensor([int(table[0, t // page_size]) * page_size + t % page_size for t in range(n)])
+    assert torch.equal(k_pages[rows], k) and torch.equal(v_pages[rows], v)  # appended where the table says
+    untouched = torch.ones(len(k_pages), dtype=torch.bool)
+    untouched[rows] = False
+    assert torch.equal(k_pages[untouched], before[untouched])
+
+
+def test_a_window_wider_than_every_request_is_no_window():
+    heads, heads_kv, dim = 4, 4, 16
+    cu = torch.tensor([0, 5, 5, 40], dtype=I32)  # an empty request in the middle
+    q, k, v = (torch.randn(40, h, dim).bfloat16() for h in (heads, heads_kv, heads_kv))
+
+    def varlen(left: int, right: int, causal: bool) -> torch.Tensor:
+        return run(VARLEN, q, k, v, cu, cu, None, None, None, max_seqlen_q=35, max_seqlen_kv=35, is_causal=causal,
+                   sm_scale=dim**-0.5, softcap=0.0, window_size_left=left, window_size_right=right)
+
+    for causal in (True, False):
+        close(varlen(1000, 1000, causal), varlen(-1, -1, causal))
+        close(varlen(34, 34, causal), varlen(-1, -1, causal))
+
+
+def test_queries_that_see_no_key_and_padding_rows_get_zeros():
+    dim = 16
+    q, k, v = torch.randn(12, 2, dim).half(), torch.randn(4, 2, dim).half(), torch.randn(4, 2, dim).half()
+    # request 0: 6 queries over 2 keys, causal bottom-right: queries 0..3 see nothing
+    out = run(VARLEN, q[:6], k[:2], v[:2], torch.tensor([0, 6], dtype=I32), torch.tensor([0, 2], dtype=I32), None,
+              None, None, max_seqlen_q=6, max_seqlen_kv=6, is_causal=True, sm_scale=dim**-0.5, softcap=0.0,
+              window_size_left=-1, window_size_right=-1)
+    assert torch.equal(out[:4], torch.zeros_like(out[:4])) and bool(out[4:].abs().sum() > 0)
+    # rows past cu_seqlens_q[-1] are padding
+    padded = run(WINDOW_VARLEN, q, k, v, torch.tensor([0, 3, 9], dtype=I32), torch.tensor([0, 2, 4], dtype=I32),
+                 is_causal=False, window_size_left=-1, window_size_right=-1, max_seqlen_q=6)
+    assert torch.equal(padded[9:], torch.zeros_like(padded[9:])) and bool(padded[:9].abs().sum() > 0)
+    # a request with no cached token at all decodes to zeros
+    decoded = run(PAGED_DECODE, q[:2], k, v, torch.tensor([0, 4], dtype=I32), torch.tensor([[0], [0]], dtype=I32),
+                  page_size=4, sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1)
+    assert torch.equal(decoded[0], torch.zeros_like(decoded[0])) and bool(decoded[1].abs().sum() > 0)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "table", "words"),
+    [
+        ([5, 3], [[0, 1], [7, 0]], r"block_table\[1, 0\] = 7 points outside the cache's 4 pages"),
+        ([5, 3], [[0, -1], [2, 0]], r"block_table\[0, 1\] = -1 points outside"),
+        ([9, 3], [[0, 1], [2, 3]], "request 0 has 9 tokens; its block_table row holds 8"),
+        ([-1, 3], [[0, 1], [2, 3]], "negative length -1"),
+    ],
+)
+def test_a_paged_kernel_called_directly_refuses_indices_outside_its_cache(lengths, table, words):
+    q, k = torch.randn(2, 4, 8).bfloat16(), torch.randn(16, 2, 8).bfloat16()
+    lens, bt = torch.tensor(lengths, dtype=I32), torch.tensor(table, dtype=I32)
+    with pytest.raises(ValueError, match=words):
+        run(PAGED_DECODE, q, k, k, lens, bt, page_size=4, sm_scale=8**-0.5, softcap=0.0, window_size_left=-1)
+
+
+def test_a_varlen_kernel_called_directly_refuses_offsets_that_decrease_or_overrun():
+    q = torch.randn(8, 2, 8).half()
+    for cu, words in (([0, 5, 3, 8], "offsets must not decrease"), ([0, 4, 9], r"cu_seqlens_q\[2\] = 9, expected 8")):
+        offsets = torch.tensor(cu, dtype=I32)
+        with pytest.raises(ValueError, match=words):
+            run(VARLEN, q, q, q, offsets, offsets, None, None, None, max_seqlen_q=8, max_seqlen_kv=8, is_causal=True,
+                sm_scale=0.3, softcap=0.0, window_size_left=-1, window_size_right=-1)
