@@ -101,6 +101,11 @@ def rope_eager(x, cos, sin):
     return x * c + torch.cat([-x2, x1], -1) * s
 
 
+def rope_pairs_eager(x, cos, sin):
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], -1).flatten(-2)
+
+
 def cases() -> list[Case]:
     bf, fp = torch.bfloat16, torch.float16
     r = torch.randn
@@ -220,6 +225,13 @@ def cases() -> list[Case]:
     c2, s2 = rope_tables(2048, 128, fp)
     add("RopeNeox", "2d [2,2048,32,128] fp16", [x2], lambda x: rope_eager(x, c2[:, None], s2[:, None]), nb.build_rope_neox,
         dict(layout="2d", base=10000.0), bytes=(2 * x2.numel() + 2048 * 64 * 2) * eb, target_eager=3)
+    add("RopeNonNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_pairs_eager(x, c1, s1), BUILDERS["RopeNonNeoxFwdOp"],
+        dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=1.5)
+    x2b = r(2, 2048, 32, 128, dtype=bf)
+    c2b, s2b = rope_tables(2048, 128, bf)
+    add("RopeNonNeox", "2d [2,2048,32,128] bf16", [x2b], lambda x: rope_pairs_eager(x, c2b[:, None], s2b[:, None]),
+        BUILDERS["RopeNonNeoxFwdOp"], dict(layout="2d", base=10000.0), bytes=(2 * x2b.numel() + 2048 * 64 * 2) * eb,
+        target_eager=1.5)
     xp = r(2048, 32, 128, dtype=bf)
     pos = torch.randint(0, 8192, (2048,))
     cp, sp = rope_tables(8192, 128, bf)

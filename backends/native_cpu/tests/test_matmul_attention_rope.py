@@ -76,6 +76,12 @@ def rope_ref(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def rope_pairs_ref(x, cos, sin):
+    """Adjacent pairs (RopeNonNeox): channels 2k and 2k+1 rotate by angle k."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
 def tables(positions, dim, base, dtype):
     half = dim // 2
     freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
@@ -119,6 +125,20 @@ def test_rope_with_position_ids_rotates_the_leading_rotary_dims_only(dtype, pos_
     cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
     rot = rope_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
     close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
+# Pairs rotate within a vector (swap_pairs / dup_pairs_* / fmaddsub in the Simd layer): head
+# dims below, at and across one and two vector widths, and odd pair counts.
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("head_dim", [2, 6, 16, 18, 32, 34, 64, 98, 130])
+def test_rope_pairs_rotate_adjacent_channels_at_every_head_dim(dtype, head_dim):
+    x = torch.randn(2, 21, 3, head_dim, dtype=dtype)
+    cos, sin = tables(torch.arange(21), head_dim, 10000.0, dtype)
+    out = run(b.BUILDERS["RopeNonNeoxFwdOp"], x, layout="2d", base=10000.0)
+    close(out, rope_pairs_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :]).to(dtype))
+    x1 = x[0, :, 0].contiguous()
+    close(run(b.BUILDERS["RopeNonNeoxFwdOp"], x1, layout="1d", base=500.0),
+          rope_pairs_ref(x1.float(), *tables(torch.arange(21), head_dim, 500.0, dtype)).to(dtype))
 
 
 def test_rope_with_a_position_beyond_max_position_raises_index_error():

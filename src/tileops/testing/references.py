@@ -133,6 +133,13 @@ def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Adjacent-pair rotation of the last dim of ``x`` (float32): channels 2k and 2k+1
+    rotate by angle k; cos/sin broadcast to ``x[..., ::2]``."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+
+
 # --- references -----------------------------------------------------------------------
 
 
@@ -234,8 +241,10 @@ def _scaled_cos_sin(
     return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, params[scaling.factor] if scaling.factor else 1.0)
 
 
-def _rope_neox(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
-    """NeoX rotation at positions 0..S-1, plain or with a scaling's frequencies."""
+def _rope_neox(
+    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
+) -> Callable[..., RefResult]:
+    """NeoX rotation (or ``rotate``) at positions 0..S-1, plain or with a scaling's frequencies."""
 
     def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
         seq_len = x.shape[1] if layout == "2d" else x.shape[0]
@@ -243,13 +252,15 @@ def _rope_neox(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
         cos, sin = _scaled_cos_sin(scaling, positions, x.shape[-1], base, x.dtype, params)
         if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
             cos, sin = cos[:, None, :], sin[:, None, :]
-        return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
+        return _down(rotate(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
 
     return ref
 
 
-def _rope_neox_position_ids(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
-    """NeoX rotation at explicit positions, plain or with a scaling's frequencies."""
+def _rope_neox_position_ids(
+    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
+) -> Callable[..., RefResult]:
+    """NeoX rotation (or ``rotate``) at explicit positions, plain or with a scaling's frequencies."""
 
     def ref(
         x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int, **params: Any
@@ -265,7 +276,7 @@ def _rope_neox_position_ids(scaling: _RopeScaling | None = None) -> Callable[...
         cos, sin = _scaled_cos_sin(scaling, position_ids, rotary_dim, base, x.dtype, params)
         xf = _up(x)
         assert xf is not None
-        rotated = _rotate_neox(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
+        rotated = rotate(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
         return _down(torch.cat((rotated, xf[..., rotary_dim:]), dim=-1), x)
 
     return ref
@@ -365,6 +376,7 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeYarnFwdOp": lambda: _rope_neox(_YARN),
     "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
     "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
+    "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -428,9 +428,10 @@ def _scaling_params(op: str, scaled: RopeScaling | None, variant: dict[str, Any]
     return known
 
 
-def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
-    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `scaling` names a
-    ROPE_SCALINGS entry whose params the builder then takes too."""
+def rope(rotation: str = "neox", scaling: str | None = None, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `rotation` is a
+    `_C.RopeRotation` member ("neox": half split, "pairs": adjacent pairs); `scaling` names
+    a ROPE_SCALINGS entry whose params the builder then takes too."""
     layouts = {"1d": ("sd", 2), "2d": ("bshd", 4)}
     scaled = ROPE_SCALINGS[scaling] if scaling else None
 
@@ -452,7 +453,8 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
                 f", {k}={v}" for k, v in extra)
             kernel = specialisation(
                 op, (x.dtype, layout, head_dim, base_) + extra, describe,
-                lambda C, threads, d: C.rope(C.RopeLayout[member], native_dtype(x.dtype), head_dim, head_dim, threads, d))
+                lambda C, threads, d: C.rope(C.RopeLayout[member], C.RopeRotation[rotation], native_dtype(x.dtype), head_dim,
+                                             head_dim, threads, d))
             tables = scaled.frequencies(head_dim // 2, base_, **known) if scaled else ()
             # The tables are prefixes of one another (positions 0..S-1): keep the longest so far.
             with native_lock:
@@ -466,9 +468,11 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
     return factory
 
 
-def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
-    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate,
-    with a ROPE_SCALINGS entry's frequencies when `scaling` names one."""
+def rope_position_ids(rotation: str = "neox", scaling: str | None = None,
+                      dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate
+    (`rotation` as in `rope`), with a ROPE_SCALINGS entry's frequencies when `scaling`
+    names one."""
     scaled = ROPE_SCALINGS[scaling] if scaling else None
 
     def factory(op: str) -> Builder:
@@ -491,7 +495,8 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str 
             extra = tuple(sorted(known.items()))
 
             def make(C: Any, threads: int, d: str) -> Any:
-                kernel = C.rope(C.RopeLayout.thd_position_ids, native_dtype(x.dtype), head_dim, rot, threads, d)
+                kernel = C.rope(C.RopeLayout.thd_position_ids, C.RopeRotation[rotation], native_dtype(x.dtype), head_dim,
+                                rot, threads, d)
                 tables = scaled.frequencies(rot // 2, base_, **known) if scaled else ()
                 C.set_rope_tables(kernel, *_rope_tables(positions, rot, base_, x.dtype, *tables))
                 return kernel
