@@ -241,6 +241,9 @@ def cases() -> list[Case]:
 
     add("RopeNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], rope_pos_eager, nb.build_rope_neox_position_ids,
         dict(max_position=8192, base=10000.0, rotary_dim=128), bytes=2 * xp.numel() * eb, target_eager=3)
+    add("RopeNonNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], lambda x, p: rope_pairs_eager(x, cp[p][:, None], sp[p][:, None]),
+        BUILDERS["RopeNonNeoxPositionIdsFwdOp"], dict(max_position=8192, base=10000.0, rotary_dim=128),
+        bytes=2 * xp.numel() * eb, target_eager=1.5)
     q, k, v = r(1, 512, 32, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf)
 
     def gqa_eager(q, k, v):

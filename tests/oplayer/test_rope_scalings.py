@@ -1,6 +1,7 @@
-"""The frequencies behind RopeLlama31FwdOp's and RopeYarnFwdOp's references, checked
-against what each scaling is for rather than restated: the bands of dims each one keeps,
-divides or interpolates, at the manifests' default params."""
+"""The references of the RoPE variants, checked against what each one is for rather than
+restated: the bands of dims Llama-3.1's and YaRN's frequencies keep, divide or interpolate
+(at the manifests' default params), NonNeox as NeoX over de-interleaved channels, and every
+position-id form at positions 0..S-1 as its positional form."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import math
 
 import torch
 
-from tileops.testing.references import llama31_inv_freq, yarn_inv_freq
+import pytest
+
+from tileops.testing.references import llama31_inv_freq, reference, yarn_inv_freq
 
 HALF, BASE = 64, 10000.0
 PLAIN = 1.0 / (BASE ** (torch.arange(HALF, dtype=torch.float32) / HALF))
@@ -39,3 +42,26 @@ def test_yarn_extrapolates_below_the_fast_dim_and_interpolates_above_the_slow_on
     torch.testing.assert_close(f[: low + 1], PLAIN[: low + 1])
     torch.testing.assert_close(f[high:], inter[high:])
     assert ((f[low + 1 : high] <= PLAIN[low + 1 : high]) & (f[low + 1 : high] >= inter[low + 1 : high])).all()
+
+
+def test_non_neox_is_neox_over_the_channels_taken_even_first_then_odd():
+    x = torch.randn(2, 7, 3, 16)
+    deinterleaved = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+    neox = reference("RopeNeoxFwdOp")(deinterleaved, layout="2d", base=500.0)
+    back = torch.stack((neox[..., :8], neox[..., 8:]), dim=-1).flatten(-2)
+    torch.testing.assert_close(reference("RopeNonNeoxFwdOp")(x, layout="2d", base=500.0), back)
+
+
+POSITIONAL_FORMS = {
+    "RopeNeoxPositionIdsFwdOp": ("RopeNeoxFwdOp", {}),
+    "RopeNonNeoxPositionIdsFwdOp": ("RopeNonNeoxFwdOp", {}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(POSITIONAL_FORMS))
+def test_a_position_id_form_at_positions_zero_to_s_is_its_positional_form(op):
+    positional, params = POSITIONAL_FORMS[op]
+    x = torch.randn(12, 3, 32)
+    at = reference(op)(x, torch.arange(12), max_position=12, base=10000.0, rotary_dim=32, **params)
+    for h in range(3):
+        torch.testing.assert_close(at[:, h], reference(positional)(x[:, h], layout="1d", base=10000.0, **params))

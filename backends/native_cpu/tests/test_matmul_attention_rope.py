@@ -141,6 +141,17 @@ def test_rope_pairs_rotate_adjacent_channels_at_every_head_dim(dtype, head_dim):
           rope_pairs_ref(x1.float(), *tables(torch.arange(21), head_dim, 500.0, dtype)).to(dtype))
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rotary_dim", [64, 34, 2])
+def test_rope_pairs_with_position_ids_rotate_the_leading_rotary_dims_only(dtype, rotary_dim):
+    x = torch.randn(9, 4, 64, dtype=dtype)
+    pos = torch.randint(0, 2048, (9,), dtype=torch.int32)
+    out = run(b.BUILDERS["RopeNonNeoxPositionIdsFwdOp"], x, pos, max_position=2048, base=10000.0, rotary_dim=rotary_dim)
+    cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
+    rot = rope_pairs_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
+    close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
 def test_rope_with_a_position_beyond_max_position_raises_index_error():
     x = torch.randn(2, 1, 8)
     pos = torch.tensor([0, 16])
@@ -214,9 +225,10 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
 
 
-# A scaled RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
-# builders share nothing but the scaling's frequencies (ROPE_SCALINGS).
+# A RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
+# builders share nothing but the rotation and the scaling's frequencies (ROPE_SCALINGS).
 @pytest.mark.parametrize("op, params", [
+    ("RopeNonNeox", {}),
     ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
     ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
 ])
@@ -227,4 +239,4 @@ def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
              rotary_dim=128, **params)
     torch.testing.assert_close(at[:, 0, :], positional)
     plain = run(b.build_rope_neox, x, layout="1d", base=10000.0)
-    assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling changed something
+    assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling or rotation changed something

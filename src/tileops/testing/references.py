@@ -377,6 +377,7 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
     "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
     "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
+    "RopeNonNeoxPositionIdsFwdOp": lambda: _rope_neox_position_ids(rotate=_rotate_pairs),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

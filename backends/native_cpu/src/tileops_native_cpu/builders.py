@@ -88,6 +88,7 @@ _TABLE: dict[str, Factory] = {
     "RopeLlama31PositionIdsFwdOp": rope_position_ids(scaling="llama31"),
     "RopeYarnPositionIdsFwdOp": rope_position_ids(scaling="yarn"),
     "RopeNonNeoxFwdOp": rope("pairs"),
+    "RopeNonNeoxPositionIdsFwdOp": rope_position_ids("pairs"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }
