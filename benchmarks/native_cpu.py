@@ -85,9 +85,19 @@ def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
 
 
 def _scaled_rope_tables(op: str, seq: int, dim: int, params: dict, dtype: torch.dtype):
-    from tileops.testing.references import llama31_inv_freq, rope_cos_sin, yarn_inv_freq
+    from tileops.testing.references import (
+        llama31_inv_freq,
+        longrope_factor,
+        longrope_inv_freq,
+        rope_cos_sin,
+        yarn_inv_freq,
+    )
 
     p = dict(params)
+    if op == "RopeLongRopeFwdOp":
+        freqs = longrope_inv_freq(dim // 2, 10000.0, rescale_factors=p["rescale_factors"])
+        factor = longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"])
+        return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
     factor = p.pop("attn_factor", 1.0)
     freqs = (llama31_inv_freq if op == "RopeLlama31FwdOp" else yarn_inv_freq)(dim // 2, 10000.0, **p)
     return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
@@ -216,7 +226,9 @@ def cases() -> list[Case]:
     for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                  original_max_position=8192)),
                        ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
-                                              attn_factor=1.0))):
+                                              attn_factor=1.0)),
+                       ("RopeLongRopeFwdOp", dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
+                                                  max_position_embeddings=131072, original_max_position_embeddings=4096))):
         # eager: the same rotation from tables built once, as RopeNeox's eager case does
         cs, sn = _scaled_rope_tables(op, 4096, 128, params, bf)
         add(op[:-5], "1d seq4096 d128 bf16", [xr], lambda x, c=cs, s_=sn: rope_eager(x, c, s_), BUILDERS[op],

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -150,6 +152,22 @@ def test_rope_pairs_with_position_ids_rotate_the_leading_rotary_dims_only(dtype,
     cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
     rot = rope_pairs_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
     close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
+def test_longrope_divides_the_frequencies_by_its_factors_and_scales_cos_and_sin():
+    x = torch.randn(300, 64, dtype=torch.float32)
+    factors = [1.0 + k / 2 for k in range(32)]
+    out = run(b.BUILDERS["RopeLongRopeFwdOp"], x, layout="1d", base=10000.0, rescale_factors=factors,
+              max_position_embeddings=16384, original_max_position_embeddings=2048)
+    freqs = 1.0 / (10000.0 ** (torch.arange(32, dtype=torch.float32) / 32)) / torch.tensor(factors)
+    ang = torch.outer(torch.arange(300).float(), freqs)
+    mscale = (1 + math.log(8) / math.log(2048)) ** 0.5
+    close(out, rope_ref(x, ang.cos() * mscale, ang.sin() * mscale))
+
+
+def test_longrope_refuses_rescale_factors_that_are_not_one_per_rotated_pair():
+    with pytest.raises(ValueError, match=r"len\(rescale_factors\) == half.*half=32"):
+        b.BUILDERS["RopeLongRopeFwdOp"](spec(torch.empty(8, 64)), layout="1d", base=10000.0, rescale_factors=[1.0] * 16)
 
 
 def test_rope_with_a_position_beyond_max_position_raises_index_error():

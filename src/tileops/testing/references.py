@@ -125,6 +125,25 @@ def yarn_inv_freq(
     return inter * (1 - keep) + extra * keep
 
 
+def longrope_inv_freq(
+    half: int, base: float, *, rescale_factors: tuple[float, ...] | None, device: torch.device | None = None
+) -> Tensor:
+    """LongRoPE's frequencies: each plain frequency divided by its rescale factor, i.e.
+    1 / (rescale_factors[k] * base ** (k / half)); None: the plain ones."""
+    inv_freq = plain_inv_freq(half, base, device)
+    if rescale_factors is None:
+        return inv_freq
+    return inv_freq / torch.tensor(rescale_factors, dtype=torch.float32, device=device)
+
+
+def longrope_factor(max_position_embeddings: int, original_max_position_embeddings: int) -> float:
+    """LongRoPE's factor on cos and sin: sqrt(1 + ln r / ln orig) for r = max / orig > 1, else 1."""
+    ratio = max_position_embeddings / original_max_position_embeddings
+    if ratio <= 1:
+        return 1.0
+    return math.sqrt(1 + math.log(ratio) / math.log(original_max_position_embeddings))
+
+
 def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """NeoX half-split rotation of the last dim of ``x`` (float32); cos/sin broadcast to
     ``x[..., :half]``."""
@@ -219,16 +238,23 @@ def _gated(activation: Callable[[Tensor], Tensor]) -> Callable[..., RefResult]:
 
 
 class _RopeScaling(NamedTuple):
-    """A RoPE scaling's frequencies, the params they take, and the param (if any) that
-    multiplies cos and sin."""
+    """A RoPE scaling's frequencies, the params they take, and what multiplies cos and sin
+    (from the op's params)."""
 
     inv_freq: Callable[..., Tensor]
     names: tuple[str, ...]
-    factor: str | None = None
+    factor: Callable[[dict[str, Any]], float] = lambda params: 1.0
 
 
 _LLAMA31 = _RopeScaling(llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position"))
-_YARN = _RopeScaling(yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), "attn_factor")
+_YARN = _RopeScaling(
+    yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), lambda p: p["attn_factor"]
+)
+_LONGROPE = _RopeScaling(
+    longrope_inv_freq,
+    ("rescale_factors",),
+    lambda p: longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"]),
+)
 
 
 def _scaled_cos_sin(
@@ -238,7 +264,7 @@ def _scaled_cos_sin(
     if scaling is None:
         return rope_cos_sin(positions, rotary_dim, base, dtype)
     freqs = scaling.inv_freq(rotary_dim // 2, base, device=positions.device, **{n: params[n] for n in scaling.names})
-    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, params[scaling.factor] if scaling.factor else 1.0)
+    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, scaling.factor(params))
 
 
 def _rope_neox(
@@ -378,6 +404,7 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
     "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
     "RopeNonNeoxPositionIdsFwdOp": lambda: _rope_neox_position_ids(rotate=_rotate_pairs),
+    "RopeLongRopeFwdOp": lambda: _rope_neox(_LONGROPE),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -89,6 +89,7 @@ _TABLE: dict[str, Factory] = {
     "RopeYarnPositionIdsFwdOp": rope_position_ids(scaling="yarn"),
     "RopeNonNeoxFwdOp": rope("pairs"),
     "RopeNonNeoxPositionIdsFwdOp": rope_position_ids("pairs"),
+    "RopeLongRopeFwdOp": rope(scaling="longrope"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }
