@@ -256,6 +256,13 @@ def cases() -> list[Case]:
     add("RopeNonNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], lambda x, p: rope_pairs_eager(x, cp[p][:, None], sp[p][:, None]),
         BUILDERS["RopeNonNeoxPositionIdsFwdOp"], dict(max_position=8192, base=10000.0, rotary_dim=128),
         bytes=2 * xp.numel() * eb, target_eager=1.5)
+    long_params = dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
+                       max_position_embeddings=131072, original_max_position_embeddings=4096)
+    cl, sl = _scaled_rope_tables("RopeLongRopeFwdOp", 8192, 128, long_params, bf)
+    add("RopeLongRopePositionIds", "[2048,32,128] bf16", [xp, pos],
+        lambda x, p: rope_eager(x, cl[p][:, None], sl[p][:, None]), BUILDERS["RopeLongRopePositionIdsFwdOp"],
+        dict(max_position=8192, base=10000.0, rotary_dim=128, **long_params), bytes=2 * xp.numel() * eb,
+        target_eager=1.5)
     q, k, v = r(1, 512, 32, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf)
 
     def gqa_eager(q, k, v):

@@ -11,7 +11,7 @@ import torch
 
 import pytest
 
-from tileops.ops.rope import RopeLongRopeFwdOp
+from tileops.ops.rope import RopeLongRopeFwdOp, RopeLongRopePositionIdsFwdOp
 from tileops.testing.references import (
     llama31_inv_freq,
     longrope_factor,
@@ -89,6 +89,14 @@ def test_longrope_takes_its_factors_as_a_tensor_list_or_tuple_and_holds_a_tuple(
         RopeLongRopeFwdOp(rescale_factors=[0.0] * HALF)
 
 
+def test_longrope_at_positions_takes_a_tensor_and_wants_one_factor_per_rotated_pair():
+    factors = [1.0 + k for k in range(8)]
+    op = RopeLongRopePositionIdsFwdOp(64, rotary_dim=16, rescale_factors=torch.tensor(factors))
+    assert op.params["rescale_factors"] == tuple(factors)
+    with pytest.raises(ValueError, match=r"len\(rescale_factors\) == rotary_dim // 2"):
+        RopeLongRopePositionIdsFwdOp(64, rotary_dim=32, rescale_factors=factors)
+
+
 def test_longrope_refuses_a_call_whose_head_dim_does_not_match_its_factors():
     op = RopeLongRopeFwdOp(rescale_factors=[1.0] * HALF)
     with pytest.raises(ValueError, match=r"len\(rescale_factors\) == x.shape\[-1\] // 2"):
@@ -98,6 +106,9 @@ def test_longrope_refuses_a_call_whose_head_dim_does_not_match_its_factors():
 POSITIONAL_FORMS = {
     "RopeNeoxPositionIdsFwdOp": ("RopeNeoxFwdOp", {}),
     "RopeNonNeoxPositionIdsFwdOp": ("RopeNonNeoxFwdOp", {}),
+    "RopeLongRopePositionIdsFwdOp": ("RopeLongRopeFwdOp", dict(
+        rescale_factors=tuple(1.0 + k for k in range(16)), max_position_embeddings=8192,
+        original_max_position_embeddings=2048)),
 }
 
 

@@ -249,6 +249,8 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     ("RopeNonNeox", {}),
     ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
     ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
+    ("RopeLongRope", dict(rescale_factors=[1.0 + k / 4 for k in range(64)], max_position_embeddings=8192,
+                          original_max_position_embeddings=1024)),
 ])
 def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
     x = torch.randn(300, 128, dtype=torch.float32)

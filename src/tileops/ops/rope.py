@@ -1,5 +1,5 @@
-"""The RoPE ops. All but the LongRoPE ones are generated from their manifest entries
-(``manifest/position_encoding.yaml``); those two also take their ``rescale_factors`` as a
+"""The RoPE ops. All but the two LongRoPE ones are generated from their manifest entries
+(``manifest/position_encoding.yaml``); those also take their ``rescale_factors`` as a
 1-D tensor, as upstream's LongRoPE does, and hold them as a tuple of floats (the manifest's
 ``list[float] | tuple[float, ...] | None``) from construction on."""
 
@@ -44,4 +44,17 @@ class RopeLongRopeFwdOp(_TakesRescaleTensor):
     ``RopeLongRopeFwdOp(layout="1d", base=10000.0, rescale_factors=None,
     max_position_embeddings=4096, original_max_position_embeddings=4096)``, then ``op(x)``
     with x [S, D] ('1d') or [B, S, H, D] ('2d').
+    """
+
+
+class RopeLongRopePositionIdsFwdOp(_TakesRescaleTensor):
+    """RopeLongRopeFwdOp's frequencies and cos/sin factor at explicit positions (decode), on
+    the first rotary_dim channels of each head.
+
+    ``rescale_factors``: rotary_dim / 2 floats, as a list, tuple or 1-D tensor.
+    ``max_position`` sizes the cos/sin table; ``max_position_embeddings`` only sets the factor.
+
+    ``RopeLongRopePositionIdsFwdOp(max_position, base=10000.0, *, rotary_dim,
+    rescale_factors=None, max_position_embeddings=4096, original_max_position_embeddings=4096)``,
+    then ``op(x, position_ids)`` with x [T, H, D], position_ids [T] (int32 or int64).
     """

@@ -405,6 +405,7 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
     "RopeNonNeoxPositionIdsFwdOp": lambda: _rope_neox_position_ids(rotate=_rotate_pairs),
     "RopeLongRopeFwdOp": lambda: _rope_neox(_LONGROPE),
+    "RopeLongRopePositionIdsFwdOp": lambda: _rope_neox_position_ids(_LONGROPE),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
 }
 

@@ -90,6 +90,7 @@ _TABLE: dict[str, Factory] = {
     "RopeNonNeoxFwdOp": rope("pairs"),
     "RopeNonNeoxPositionIdsFwdOp": rope_position_ids("pairs"),
     "RopeLongRopeFwdOp": rope(scaling="longrope"),
+    "RopeLongRopePositionIdsFwdOp": rope_position_ids(scaling="longrope"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
 }
