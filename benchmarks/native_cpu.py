@@ -91,9 +91,19 @@ def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
 
 
 def _scaled_rope_tables(op: str, seq: int, dim: int, params: dict, dtype: torch.dtype):
-    from tileops.testing.references import llama31_inv_freq, rope_cos_sin, yarn_inv_freq
+    from tileops.testing.references import (
+        llama31_inv_freq,
+        longrope_factor,
+        longrope_inv_freq,
+        rope_cos_sin,
+        yarn_inv_freq,
+    )
 
     p = dict(params)
+    if op == "RopeLongRopeFwdOp":
+        freqs = longrope_inv_freq(dim // 2, 10000.0, rescale_factors=p["rescale_factors"])
+        factor = longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"])
+        return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
     factor = p.pop("attn_factor", 1.0)
     freqs = (llama31_inv_freq if op == "RopeLlama31FwdOp" else yarn_inv_freq)(dim // 2, 10000.0, **p)
     return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
@@ -105,6 +115,11 @@ def rope_eager(x, cos, sin):
     c = torch.cat([cos, cos], -1)
     s = torch.cat([sin, sin], -1)
     return x * c + torch.cat([-x2, x1], -1) * s
+
+
+def rope_pairs_eager(x, cos, sin):
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], -1).flatten(-2)
 
 
 def cases() -> list[Case]:
@@ -217,7 +232,9 @@ def cases() -> list[Case]:
     for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                  original_max_position=8192)),
                        ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
-                                              attn_factor=1.0))):
+                                              attn_factor=1.0)),
+                       ("RopeLongRopeFwdOp", dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
+                                                  max_position_embeddings=131072, original_max_position_embeddings=4096))):
         # eager: the same rotation from tables built once, as RopeNeox's eager case does
         cs, sn = _scaled_rope_tables(op, 4096, 128, params, bf)
         add(op[:-5], "1d seq4096 d128 bf16", [xr], lambda x, c=cs, s_=sn: rope_eager(x, c, s_), BUILDERS[op],
@@ -226,6 +243,13 @@ def cases() -> list[Case]:
     c2, s2 = rope_tables(2048, 128, fp)
     add("RopeNeox", "2d [2,2048,32,128] fp16", [x2], lambda x: rope_eager(x, c2[:, None], s2[:, None]), nb.build_rope_neox,
         dict(layout="2d", base=10000.0), bytes=(2 * x2.numel() + 2048 * 64 * 2) * eb, target_eager=3)
+    add("RopeNonNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_pairs_eager(x, c1, s1), BUILDERS["RopeNonNeoxFwdOp"],
+        dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=1.5)
+    x2b = r(2, 2048, 32, 128, dtype=bf)
+    c2b, s2b = rope_tables(2048, 128, bf)
+    add("RopeNonNeox", "2d [2,2048,32,128] bf16", [x2b], lambda x: rope_pairs_eager(x, c2b[:, None], s2b[:, None]),
+        BUILDERS["RopeNonNeoxFwdOp"], dict(layout="2d", base=10000.0), bytes=(2 * x2b.numel() + 2048 * 64 * 2) * eb,
+        target_eager=1.5)
     xp = r(2048, 32, 128, dtype=bf)
     pos = torch.randint(0, 8192, (2048,))
     cp, sp = rope_tables(8192, 128, bf)
@@ -235,6 +259,16 @@ def cases() -> list[Case]:
 
     add("RopeNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], rope_pos_eager, nb.build_rope_neox_position_ids,
         dict(max_position=8192, base=10000.0, rotary_dim=128), bytes=2 * xp.numel() * eb, target_eager=3)
+    add("RopeNonNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], lambda x, p: rope_pairs_eager(x, cp[p][:, None], sp[p][:, None]),
+        BUILDERS["RopeNonNeoxPositionIdsFwdOp"], dict(max_position=8192, base=10000.0, rotary_dim=128),
+        bytes=2 * xp.numel() * eb, target_eager=1.5)
+    long_params = dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
+                       max_position_embeddings=131072, original_max_position_embeddings=4096)
+    cl, sl = _scaled_rope_tables("RopeLongRopeFwdOp", 8192, 128, long_params, bf)
+    add("RopeLongRopePositionIds", "[2048,32,128] bf16", [xp, pos],
+        lambda x, p: rope_eager(x, cl[p][:, None], sl[p][:, None]), BUILDERS["RopeLongRopePositionIdsFwdOp"],
+        dict(max_position=8192, base=10000.0, rotary_dim=128, **long_params), bytes=2 * xp.numel() * eb,
+        target_eager=1.5)
     q, k, v = r(1, 512, 32, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf)
 
     def gqa_eager(q, k, v):

@@ -104,4 +104,10 @@ struct Simd {
     return _mm256_castsi256_ps(e);
   }
   static F keep_at_least(F x, float threshold, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, set1(threshold), _CMP_GE_OQ), v); }
+  // Lane pairs (2j, 2j+1): swapped; lane j of the low / high half to lanes 2j and 2j+1;
+  // a * b - c in even lanes, a * b + c in odd ones.
+  static F swap_pairs(F a) { return _mm256_permute_ps(a, _MM_SHUFFLE(2, 3, 0, 1)); }
+  static F dup_pairs_lo(F a) { return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)); }
+  static F dup_pairs_hi(F a) { return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)); }
+  static F fmaddsub(F a, F b, F c) { return _mm256_fmaddsub_ps(a, b, c); }
 };

@@ -96,4 +96,14 @@ struct Simd {
   static F keep_at_least(F x, float threshold, F v) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(threshold), _CMP_GE_OQ), v);
   }
+  // Lane pairs (2j, 2j+1): swapped; lane j of the low / high half to lanes 2j and 2j+1;
+  // a * b - c in even lanes, a * b + c in odd ones.
+  static F swap_pairs(F a) { return _mm512_permute_ps(a, _MM_SHUFFLE(2, 3, 0, 1)); }
+  static F dup_pairs_lo(F a) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), a);
+  }
+  static F dup_pairs_hi(F a) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), a);
+  }
+  static F fmaddsub(F a, F b, F c) { return _mm512_fmaddsub_ps(a, b, c); }
 };

@@ -46,4 +46,11 @@ struct Simd {
   static F scalef(F p, F) { return p; }
   static F pow2n(F n) { return tnc::bits_float(static_cast<uint32_t>(static_cast<int>(n) + 127) << 23); }
   static F keep_at_least(F x, float threshold, F v) { return x >= threshold ? v : 0.f; }
+  // Lane pairs (2j, 2j+1), as the wider ISAs define them. One lane holds no pair: these are
+  // the one-lane degenerate cases, and kernels that rotate pairs take a scalar pair loop
+  // when W == 1.
+  static F swap_pairs(F a) { return a; }
+  static F dup_pairs_lo(F a) { return a; }
+  static F dup_pairs_hi(F a) { return a; }
+  static F fmaddsub(F a, F b, F c) { return std::fma(a, b, -c); }
 };

@@ -78,6 +78,12 @@ SMOKE = textwrap.dedent(
         close(run(b.build_gelu, x, approximate="none"), F.gelu(x.float()).to(dt))
         close(run(b.build_sum, x, dim=(0,), keepdim=False), x.float().sum(0).to(dt), scale=2)
         close(run(b.build_silu_and_mul, x[:, :44].contiguous()), (F.silu(x[:, :22].float()) * x[:, 22:44].float()).to(dt))
+        xr = torch.randn(3, 5, 2, 34, dtype=dt)  # RoPE pairs: a pair swap within each vector
+        ang = torch.outer(torch.arange(5).float(), 1.0 / 10000.0 ** (torch.arange(17).float() / 17))
+        c, s = ang.cos().to(dt).float()[:, None], ang.sin().to(dt).float()[:, None]
+        ev, od = xr.float()[..., 0::2], xr.float()[..., 1::2]
+        close(run(b.BUILDERS["RopeNonNeoxFwdOp"], xr, layout="2d", base=10000.0),
+              torch.stack([ev * c - od * s, od * c + ev * s], -1).flatten(-2).to(dt))
         xn = torch.randn(5, 77, dtype=dt); xn[2, 70] = float("nan")
         assert torch.equal(run(b.build_amax, xn, dim=(1,), keepdim=False).isnan(), xn.amax(1).isnan())
         assert torch.equal(run(b.build_amax, xn, dim=(0,), keepdim=False).isnan(), xn.amax(0).isnan())

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,6 +78,12 @@ def rope_ref(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def rope_pairs_ref(x, cos, sin):
+    """Adjacent pairs (RopeNonNeox): channels 2k and 2k+1 rotate by angle k."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
 def tables(positions, dim, base, dtype):
     half = dim // 2
     freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
@@ -119,6 +127,47 @@ def test_rope_with_position_ids_rotates_the_leading_rotary_dims_only(dtype, pos_
     cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
     rot = rope_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
     close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
+# Pairs rotate within a vector (swap_pairs / dup_pairs_* / fmaddsub in the Simd layer): head
+# dims below, at and across one and two vector widths, and odd pair counts.
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("head_dim", [2, 6, 16, 18, 32, 34, 64, 98, 130])
+def test_rope_pairs_rotate_adjacent_channels_at_every_head_dim(dtype, head_dim):
+    x = torch.randn(2, 21, 3, head_dim, dtype=dtype)
+    cos, sin = tables(torch.arange(21), head_dim, 10000.0, dtype)
+    out = run(b.BUILDERS["RopeNonNeoxFwdOp"], x, layout="2d", base=10000.0)
+    close(out, rope_pairs_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :]).to(dtype))
+    x1 = x[0, :, 0].contiguous()
+    close(run(b.BUILDERS["RopeNonNeoxFwdOp"], x1, layout="1d", base=500.0),
+          rope_pairs_ref(x1.float(), *tables(torch.arange(21), head_dim, 500.0, dtype)).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rotary_dim", [64, 34, 2])
+def test_rope_pairs_with_position_ids_rotate_the_leading_rotary_dims_only(dtype, rotary_dim):
+    x = torch.randn(9, 4, 64, dtype=dtype)
+    pos = torch.randint(0, 2048, (9,), dtype=torch.int32)
+    out = run(b.BUILDERS["RopeNonNeoxPositionIdsFwdOp"], x, pos, max_position=2048, base=10000.0, rotary_dim=rotary_dim)
+    cos, sin = tables(pos, rotary_dim, 10000.0, dtype)
+    rot = rope_pairs_ref(x[..., :rotary_dim].float(), cos[:, None, :], sin[:, None, :])
+    close(out, torch.cat([rot, x[..., rotary_dim:].float()], -1).to(dtype))
+
+
+def test_longrope_divides_the_frequencies_by_its_factors_and_scales_cos_and_sin():
+    x = torch.randn(300, 64, dtype=torch.float32)
+    factors = [1.0 + k / 2 for k in range(32)]
+    out = run(b.BUILDERS["RopeLongRopeFwdOp"], x, layout="1d", base=10000.0, rescale_factors=factors,
+              max_position_embeddings=16384, original_max_position_embeddings=2048)
+    freqs = 1.0 / (10000.0 ** (torch.arange(32, dtype=torch.float32) / 32)) / torch.tensor(factors)
+    ang = torch.outer(torch.arange(300).float(), freqs)
+    mscale = (1 + math.log(8) / math.log(2048)) ** 0.5
+    close(out, rope_ref(x, ang.cos() * mscale, ang.sin() * mscale))
+
+
+def test_longrope_refuses_rescale_factors_that_are_not_one_per_rotated_pair():
+    with pytest.raises(ValueError, match=r"len\(rescale_factors\) == half.*half=32"):
+        b.BUILDERS["RopeLongRopeFwdOp"](spec(torch.empty(8, 64)), layout="1d", base=10000.0, rescale_factors=[1.0] * 16)
 
 
 def test_rope_with_a_position_beyond_max_position_raises_index_error():
@@ -194,11 +243,14 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
 
 
-# A scaled RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
-# builders share nothing but the scaling's frequencies (ROPE_SCALINGS).
+# A RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
+# builders share nothing but the rotation and the scaling's frequencies (ROPE_SCALINGS).
 @pytest.mark.parametrize("op, params", [
+    ("RopeNonNeox", {}),
     ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
     ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
+    ("RopeLongRope", dict(rescale_factors=[1.0 + k / 4 for k in range(64)], max_position_embeddings=8192,
+                          original_max_position_embeddings=1024)),
 ])
 def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
     x = torch.randn(300, 128, dtype=torch.float32)
@@ -207,4 +259,4 @@ def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
              rotary_dim=128, **params)
     torch.testing.assert_close(at[:, 0, :], positional)
     plain = run(b.build_rope_neox, x, layout="1d", base=10000.0)
-    assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling changed something
+    assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling or rotation changed something

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import close, run
-from test_matmul_attention_rope import rope_ref, tables
+from test_matmul_attention_rope import rope_pairs_ref, rope_ref, tables
 from test_norms import rms_ref
 from tileops_native_cpu import builders as b
 
@@ -66,3 +66,11 @@ def test_rope_with_position_ids():
     out = run(b.build_rope_neox_position_ids, x, pos, max_position=4096, base=10000.0, rotary_dim=128)
     cos, sin = tables(pos, 128, 10000.0, torch.bfloat16)
     close(out, rope_ref(x.float(), cos[:, None, :], sin[:, None, :]).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_pairs(dtype):
+    x = torch.randn(2, 1024, 16, 128, dtype=dtype)  # 8 MiB in bfloat16, 16 in float32
+    out = run(b.BUILDERS["RopeNonNeoxFwdOp"], x, layout="2d", base=10000.0)
+    cos, sin = tables(torch.arange(1024), 128, 10000.0, dtype)
+    close(out, rope_pairs_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :]).to(dtype))

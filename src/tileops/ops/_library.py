@@ -37,7 +37,9 @@ def _schema_type(type_text: str) -> str:
     parts = {p.strip() for p in type_text.split("|")}
     optional = "None" in parts
     parts.discard("None")
-    if any(p.startswith(("list[", "tuple[")) for p in parts):
+    if parts and all(p in ("list[float]", "tuple[float, ...]") for p in parts):
+        base = "float[]"
+    elif any(p.startswith(("list[", "tuple[")) for p in parts):
         base = "int[]"
     elif parts == {"int", "float"}:
         base = "Scalar"
@@ -179,6 +181,9 @@ def call_custom_op(op: Op, args: tuple) -> Any:
 def _schema_param(decl: Any, value: Any) -> Any:
     if value is None:
         return None
-    if _schema_type(decl.type).startswith("int[]"):
+    schema = _schema_type(decl.type)
+    if schema.startswith("int[]"):
         return [value] if isinstance(value, int) else list(value)
+    if schema.startswith("float[]"):
+        return list(value)
     return value

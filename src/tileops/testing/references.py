@@ -125,12 +125,38 @@ def yarn_inv_freq(
     return inter * (1 - keep) + extra * keep
 
 
+def longrope_inv_freq(
+    half: int, base: float, *, rescale_factors: tuple[float, ...] | None, device: torch.device | None = None
+) -> Tensor:
+    """LongRoPE's frequencies: each plain frequency divided by its rescale factor, i.e.
+    1 / (rescale_factors[k] * base ** (k / half)); None: the plain ones."""
+    inv_freq = plain_inv_freq(half, base, device)
+    if rescale_factors is None:
+        return inv_freq
+    return inv_freq / torch.tensor(rescale_factors, dtype=torch.float32, device=device)
+
+
+def longrope_factor(max_position_embeddings: int, original_max_position_embeddings: int) -> float:
+    """LongRoPE's factor on cos and sin: sqrt(1 + ln r / ln orig) for r = max / orig > 1, else 1."""
+    ratio = max_position_embeddings / original_max_position_embeddings
+    if ratio <= 1:
+        return 1.0
+    return math.sqrt(1 + math.log(ratio) / math.log(original_max_position_embeddings))
+
+
 def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """NeoX half-split rotation of the last dim of ``x`` (float32); cos/sin broadcast to
     ``x[..., :half]``."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Adjacent-pair rotation of the last dim of ``x`` (float32): channels 2k and 2k+1
+    rotate by angle k; cos/sin broadcast to ``x[..., ::2]``."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
 
 
 # --- references -----------------------------------------------------------------------
@@ -212,16 +238,23 @@ def _gated(activation: Callable[[Tensor], Tensor]) -> Callable[..., RefResult]:
 
 
 class _RopeScaling(NamedTuple):
-    """A RoPE scaling's frequencies, the params they take, and the param (if any) that
-    multiplies cos and sin."""
+    """A RoPE scaling's frequencies, the params they take, and what multiplies cos and sin
+    (from the op's params)."""
 
     inv_freq: Callable[..., Tensor]
     names: tuple[str, ...]
-    factor: str | None = None
+    factor: Callable[[dict[str, Any]], float] = lambda params: 1.0
 
 
 _LLAMA31 = _RopeScaling(llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position"))
-_YARN = _RopeScaling(yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), "attn_factor")
+_YARN = _RopeScaling(
+    yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), lambda p: p["attn_factor"]
+)
+_LONGROPE = _RopeScaling(
+    longrope_inv_freq,
+    ("rescale_factors",),
+    lambda p: longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"]),
+)
 
 
 def _scaled_cos_sin(
@@ -231,11 +264,13 @@ def _scaled_cos_sin(
     if scaling is None:
         return rope_cos_sin(positions, rotary_dim, base, dtype)
     freqs = scaling.inv_freq(rotary_dim // 2, base, device=positions.device, **{n: params[n] for n in scaling.names})
-    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, params[scaling.factor] if scaling.factor else 1.0)
+    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, scaling.factor(params))
 
 
-def _rope_neox(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
-    """NeoX rotation at positions 0..S-1, plain or with a scaling's frequencies."""
+def _rope_neox(
+    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
+) -> Callable[..., RefResult]:
+    """NeoX rotation (or ``rotate``) at positions 0..S-1, plain or with a scaling's frequencies."""
 
     def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
         seq_len = x.shape[1] if layout == "2d" else x.shape[0]
@@ -243,13 +278,15 @@ def _rope_neox(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
         cos, sin = _scaled_cos_sin(scaling, positions, x.shape[-1], base, x.dtype, params)
         if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
             cos, sin = cos[:, None, :], sin[:, None, :]
-        return _down(_rotate_neox(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
+        return _down(rotate(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
 
     return ref
 
 
-def _rope_neox_position_ids(scaling: _RopeScaling | None = None) -> Callable[..., RefResult]:
-    """NeoX rotation at explicit positions, plain or with a scaling's frequencies."""
+def _rope_neox_position_ids(
+    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
+) -> Callable[..., RefResult]:
+    """NeoX rotation (or ``rotate``) at explicit positions, plain or with a scaling's frequencies."""
 
     def ref(
         x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int, **params: Any
@@ -265,7 +302,7 @@ def _rope_neox_position_ids(scaling: _RopeScaling | None = None) -> Callable[...
         cos, sin = _scaled_cos_sin(scaling, position_ids, rotary_dim, base, x.dtype, params)
         xf = _up(x)
         assert xf is not None
-        rotated = _rotate_neox(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
+        rotated = rotate(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
         return _down(torch.cat((rotated, xf[..., rotary_dim:]), dim=-1), x)
 
     return ref
@@ -486,6 +523,10 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "RopeYarnFwdOp": lambda: _rope_neox(_YARN),
     "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
     "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
+    "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
+    "RopeNonNeoxPositionIdsFwdOp": lambda: _rope_neox_position_ids(rotate=_rotate_pairs),
+    "RopeLongRopeFwdOp": lambda: _rope_neox(_LONGROPE),
+    "RopeLongRopePositionIdsFwdOp": lambda: _rope_neox_position_ids(_LONGROPE),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
     "GroupedQueryAttentionPrefillFwdOp": _varlen_prefill,
     "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp": _paged_prefill,

@@ -1,4 +1,4 @@
-// Marshalling of the rope family (kernels/rope.h): NeoX RoPE over [S, D], [B, S, H, D] or [T, H, D] with position ids, and its cos/sin tables.
+// Marshalling of the rope family (kernels/rope.h): RoPE (NeoX half split or adjacent pairs) over [S, D], [B, S, H, D] or [T, H, D] with position ids, and its cos/sin tables.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
@@ -73,14 +73,16 @@ void bind_rope(nb::module_& m) {
       .value("sd", RopeLayout::sd)
       .value("bshd", RopeLayout::bshd)
       .value("thd_position_ids", RopeLayout::thd_position_ids);
-  m.def("rope", [](RopeLayout layout, DType dtype, int64_t head_dim, int64_t rotary_dim, int threads, const std::string& d) {
+  nb::enum_<RopeRotation>(m, "RopeRotation").value("neox", RopeRotation::neox).value("pairs", RopeRotation::pairs);
+  m.def("rope", [](RopeLayout layout, RopeRotation rotation, DType dtype, int64_t head_dim, int64_t rotary_dim, int threads,
+                   const std::string& d) {
     if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
       throw nb::value_error("rope: rotary_dim must be positive, even and at most head_dim");
     auto k = std::make_unique<RopeKernel>();
     k->layout = layout;
     k->head_dim = head_dim;
     k->rotary_dim = rotary_dim;
-    k->run = require_kernel<RopeArgs>("rope", dtype);
+    k->run = require_kernel<RopeArgs>(rotation == RopeRotation::pairs ? "rope_pairs" : "rope", dtype);
     return finish(std::move(k), dtype, threads, d);
   });
   // Replaces the cos/sin tables of a RoPE kernel (build time only): float32 [P, rotary_dim/2].

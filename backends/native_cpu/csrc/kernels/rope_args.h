@@ -9,6 +9,10 @@ namespace tnc {
 // or [T, H, D] with one position id per token (RopeNeoxPositionIds).
 enum class RopeLayout : int { sd = 0, bshd = 1, thd_position_ids = 2 };
 
+// Which channels rotate together: c and c + rotary_dim/2 (NeoX half split), or 2k and
+// 2k+1 (adjacent pairs: RoFormer, GPT-J, RopeNonNeox).
+enum class RopeRotation : int { neox = 0, pairs = 1 };
+
 struct RopeArgs {
   const void* x;
   void* out;

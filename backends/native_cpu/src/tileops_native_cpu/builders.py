@@ -15,8 +15,8 @@ per input shape (every decode step is a new shape), and a new row count must not
 kernel.
 
 Dtypes and kinds cross into C++ as the extension's enums (``_C.DType``, ``_C.RowNorm``,
-``_C.ReduceOp``, ``_C.BinaryOp``, ``_C.Activation``, ``_C.RopeLayout``). The table names
-kinds by their member names, because importing this module must load nothing.
+``_C.ReduceOp``, ``_C.BinaryOp``, ``_C.Activation``, ``_C.RopeLayout``, ``_C.RopeRotation``).
+The table names kinds by their member names, because importing this module must load nothing.
 
 Threads: a kernel is sized to ``torch.get_num_threads()`` as read when it is built (the
 value is part of the specialisation key).
@@ -48,8 +48,8 @@ from .factories import (
     layer_norm,
     reduction,
     rms_norm,
-    rope_neox,
-    rope_neox_position_ids,
+    rope,
+    rope_position_ids,
     softmax,
 )
 
@@ -81,12 +81,16 @@ _TABLE: dict[str, Factory] = {
     "GeluTanhAndMulFwdOp": gated("gelu_tanh"),
     "GeluAndMulFwdOp": gated("gelu"),
     "ClampFwdOp": clamp(),
-    "RopeNeoxFwdOp": rope_neox(),
-    "RopeNeoxPositionIdsFwdOp": rope_neox_position_ids(),
-    "RopeLlama31FwdOp": rope_neox(scaling="llama31"),
-    "RopeYarnFwdOp": rope_neox(scaling="yarn"),
-    "RopeLlama31PositionIdsFwdOp": rope_neox_position_ids(scaling="llama31"),
-    "RopeYarnPositionIdsFwdOp": rope_neox_position_ids(scaling="yarn"),
+    "RopeNeoxFwdOp": rope(),
+    "RopeNeoxPositionIdsFwdOp": rope_position_ids(),
+    "RopeLlama31FwdOp": rope(scaling="llama31"),
+    "RopeYarnFwdOp": rope(scaling="yarn"),
+    "RopeLlama31PositionIdsFwdOp": rope_position_ids(scaling="llama31"),
+    "RopeYarnPositionIdsFwdOp": rope_position_ids(scaling="yarn"),
+    "RopeNonNeoxFwdOp": rope("pairs"),
+    "RopeNonNeoxPositionIdsFwdOp": rope_position_ids("pairs"),
+    "RopeLongRopeFwdOp": rope(scaling="longrope"),
+    "RopeLongRopePositionIdsFwdOp": rope_position_ids(scaling="longrope"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, form="prefill"),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, form="decode"),
     "GroupedQueryAttentionPrefillFwdOp": attention(HALVES, form="varlen"),

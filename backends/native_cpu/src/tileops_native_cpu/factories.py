@@ -378,8 +378,21 @@ def _yarn_inv_freq(half: int, base: float, scale: float, original_max_position: 
     return _inv_freq(half, scale * base) * (1 - keep) + _inv_freq(half, base) * keep
 
 
+def _longrope_inv_freq(half: int, base: float, rescale_factors: tuple[float, ...] | None) -> torch.Tensor:
+    """Each plain frequency divided by its rescale factor (None: all ones)."""
+    f = _inv_freq(half, base)
+    return f if rescale_factors is None else f / torch.tensor(rescale_factors, dtype=torch.float32)
+
+
+def _longrope_factor(max_position_embeddings: int, original_max_position_embeddings: int) -> float:
+    """sqrt(1 + ln r / ln orig) on cos and sin for r = max / orig > 1, else 1."""
+    r = max_position_embeddings / original_max_position_embeddings
+    return math.sqrt(1 + math.log(r) / math.log(original_max_position_embeddings)) if r > 1 else 1.0
+
+
 # A RoPE scaling: its params with their defaults, what must hold of them (as the op's
-# param_rules), and (half, base, **params) -> (inverse frequencies, factor on cos and sin).
+# param and shape rules; they also see `base` and `half`, the number of rotated pairs), and
+# (half, base, **params) -> (inverse frequencies, factor on cos and sin).
 class RopeScaling(NamedTuple):
     defaults: dict[str, Any]
     rules: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...]
@@ -401,6 +414,21 @@ ROPE_SCALINGS: dict[str, RopeScaling] = {
          ("original_max_position > 0", lambda p: p["original_max_position"] > 0),
          ("beta_fast > 0 and beta_slow > 0", lambda p: p["beta_fast"] > 0 and p["beta_slow"] > 0)),
         lambda half, base, attn_factor, **p: (_yarn_inv_freq(half, base, **p), float(attn_factor))),
+    "longrope": RopeScaling(
+        dict(rescale_factors=None, max_position_embeddings=4096, original_max_position_embeddings=4096),
+        (("base > 0", lambda p: p["base"] > 0),
+         ("rescale_factors is None or len(rescale_factors) == half (one factor per rotated pair)",
+          lambda p: p["rescale_factors"] is None or len(p["rescale_factors"]) == p["half"]),
+         ("rescale_factors is None or all(f > 0 for f in rescale_factors)",
+          lambda p: p["rescale_factors"] is None or all(f > 0 for f in p["rescale_factors"])),
+         ("max_position_embeddings > 0 and original_max_position_embeddings > 0",
+          lambda p: p["max_position_embeddings"] > 0 and p["original_max_position_embeddings"] > 0),
+         ("max_position_embeddings <= original_max_position_embeddings or original_max_position_embeddings > 1",
+          lambda p: p["max_position_embeddings"] <= p["original_max_position_embeddings"]
+          or p["original_max_position_embeddings"] > 1)),
+        lambda half, base, rescale_factors, max_position_embeddings, original_max_position_embeddings: (
+            _longrope_inv_freq(half, base, rescale_factors),
+            _longrope_factor(max_position_embeddings, original_max_position_embeddings))),
 }
 
 
@@ -413,31 +441,40 @@ def _rope_tables(positions: int, rotary_dim: int, base: float, dtype: torch.dtyp
     return ((angles.cos() * factor).to(dtype).float().contiguous(), (angles.sin() * factor).to(dtype).float().contiguous())
 
 
-def _scaling_params(op: str, scaled: RopeScaling | None, variant: dict[str, Any], base: float, named: str) -> dict[str, Any]:
-    """A scaling's params as given over its defaults; refuses unknown ones and broken rules
-    (`named`: the op's other params, for the message)."""
+def _scaling_params(op: str, scaled: RopeScaling | None, variant: dict[str, Any], base: float, half: int,
+                    named: str) -> dict[str, Any]:
+    """A scaling's params as given over its defaults (sequences as tuples of floats);
+    refuses unknown ones and broken rules (`named`: the op's other params, for the message)."""
     known = dict(scaled.defaults) if scaled else {}
     unknown = sorted(set(variant) - set(known))
     if unknown:
         raise fail(op, f"params {named}{''.join(', ' + k for k in known)}", f"unknown {unknown}")
-    known.update(variant)
-    judged = dict(known, base=base)  # the rules read base too
+    known.update({k: tuple(float(f) for f in v) if isinstance(v, (list, tuple, torch.Tensor)) else v
+                  for k, v in variant.items()})
+    judged = dict(known, base=base, half=half)  # the rules read base and half too
     for rule, holds in scaled.rules if scaled else ():
         if not holds(judged):
-            raise fail(op, rule, ", ".join(f"{k}={v!r}" for k, v in judged.items()))
+            raise fail(op, rule, ", ".join(f"{k}={_shown(v)}" for k, v in judged.items()))
     return known
 
 
-def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
-    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `scaling` names a
-    ROPE_SCALINGS entry whose params the builder then takes too."""
+def _shown(value: Any) -> str:
+    """A param for a message or a description: sequences by their length and ends."""
+    if isinstance(value, tuple) and len(value) > 4:
+        return f"({value[0]!r}, {value[1]!r}, ..., {value[-1]!r}: {len(value)} values)"
+    return repr(value)
+
+
+def rope(rotation: str = "neox", scaling: str | None = None, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [S, D] (layout '1d') or [B, S, H, D] ('2d'), positions 0..S-1; `rotation` is a
+    `_C.RopeRotation` member ("neox": half split, "pairs": adjacent pairs); `scaling` names
+    a ROPE_SCALINGS entry whose params the builder then takes too."""
     layouts = {"1d": ("sd", 2), "2d": ("bshd", 4)}
     scaled = ROPE_SCALINGS[scaling] if scaling else None
 
     def factory(op: str) -> Builder:
         def build(x: Any, *, layout: str = "1d", base: float = 10000.0, **variant: Any) -> Any:
             check_inputs(op, dtypes, x=x)
-            known = _scaling_params(op, scaled, variant, base, "layout, base")
             if layout not in layouts:
                 raise fail(op, "layout must be '1d' ([S, D]) or '2d' ([B, S, H, D])", f"layout={layout!r}")
             member, ndim = layouts[layout]
@@ -446,13 +483,15 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
             head_dim = int(x.shape[-1])
             if head_dim <= 0 or head_dim % 2:
                 raise fail(op, "head_dim must be positive and even", f"head_dim={head_dim}")
+            known = _scaling_params(op, scaled, variant, base, head_dim // 2, "layout, base")
             seq, base_ = int(x.shape[0] if layout == "1d" else x.shape[1]), float(base)
             extra = tuple(sorted(known.items()))
             describe = f"{dtype_name(x.dtype)}, layout={layout}, head_dim={head_dim}, base={base}" + "".join(
-                f", {k}={v}" for k, v in extra)
+                f", {k}={_shown(v)}" for k, v in extra)
             kernel = specialisation(
                 op, (x.dtype, layout, head_dim, base_) + extra, describe,
-                lambda C, threads, d: C.rope(C.RopeLayout[member], native_dtype(x.dtype), head_dim, head_dim, threads, d))
+                lambda C, threads, d: C.rope(C.RopeLayout[member], C.RopeRotation[rotation], native_dtype(x.dtype), head_dim,
+                                             head_dim, threads, d))
             tables = scaled.frequencies(head_dim // 2, base_, **known) if scaled else ()
             # The tables are prefixes of one another (positions 0..S-1): keep the longest so far.
             with native_lock:
@@ -466,9 +505,11 @@ def rope_neox(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None
     return factory
 
 
-def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str | None = None) -> Factory:
-    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate,
-    with a ROPE_SCALINGS entry's frequencies when `scaling` names one."""
+def rope_position_ids(rotation: str = "neox", scaling: str | None = None,
+                      dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
+    """x [T, H, D] and position_ids [T] (int32 or int64); the first rotary_dim of D rotate
+    (`rotation` as in `rope`), with a ROPE_SCALINGS entry's frequencies when `scaling`
+    names one."""
     scaled = ROPE_SCALINGS[scaling] if scaling else None
 
     def factory(op: str) -> Builder:
@@ -476,7 +517,6 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str 
                   **variant: Any) -> Any:
             check_inputs(op, dtypes, x=x)
             check_inputs(op, (torch.int32, torch.int64), position_ids=position_ids)
-            known = _scaling_params(op, scaled, variant, base, "max_position, base, rotary_dim")
             if len(x.shape) != 3:
                 raise fail(op, "x must be [num_tokens, heads, head_dim]", f"x of shape {shape_of(x)}")
             if shape_of(position_ids) != (int(x.shape[0]),):
@@ -488,17 +528,19 @@ def rope_neox_position_ids(dtypes: Sequence[torch.dtype] = FLOATS, scaling: str 
                            f"rotary_dim={rot}, head_dim={head_dim}")
             if positions <= 0:
                 raise fail(op, "max_position must be positive", f"max_position={max_position}")
+            known = _scaling_params(op, scaled, variant, base, rot // 2, "max_position, base, rotary_dim")
             extra = tuple(sorted(known.items()))
 
             def make(C: Any, threads: int, d: str) -> Any:
-                kernel = C.rope(C.RopeLayout.thd_position_ids, native_dtype(x.dtype), head_dim, rot, threads, d)
+                kernel = C.rope(C.RopeLayout.thd_position_ids, C.RopeRotation[rotation], native_dtype(x.dtype), head_dim,
+                                rot, threads, d)
                 tables = scaled.frequencies(rot // 2, base_, **known) if scaled else ()
                 C.set_rope_tables(kernel, *_rope_tables(positions, rot, base_, x.dtype, *tables))
                 return kernel
 
             return specialisation(op, (x.dtype, head_dim, rot, positions, base_) + extra,
                                   f"{dtype_name(x.dtype)}, head_dim={head_dim}, rotary_dim={rot}, max_position={positions}"
-                                  + "".join(f", {k}={v}" for k, v in extra), make)
+                                  + "".join(f", {k}={_shown(v)}" for k, v in extra), make)
 
         return build
 
