@@ -208,3 +208,14 @@ def test_importing_tileops_does_not_import_the_serving_package():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
     assert tileops.serving.PagedKVCache is PagedKVCache
+
+
+def test_advance_records_tokens_an_op_wrote_into_reserved_pages():
+    cache = PagedKVCache(num_pages=4, page_size=4, heads_kv=1, head_dim=2)
+    s = cache.add_sequence()
+    cache.reserve(s, 6)  # two pages
+    cache.advance(s, [6])
+    assert cache.seqlen(s) == 6 and cache.rows(s).tolist() == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="room for 2 more tokens"):
+        cache.advance(s, [3])
+    assert cache.seqlen(s) == 6

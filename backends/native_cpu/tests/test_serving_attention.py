@@ -161,3 +161,46 @@ def test_a_varlen_kernel_called_directly_refuses_offsets_that_decrease_or_overru
         with pytest.raises(ValueError, match=words):
             run(VARLEN, q, q, q, offsets, offsets, None, None, None, max_seqlen_q=8, max_seqlen_kv=8, is_causal=True,
                 sm_scale=0.3, softcap=0.0, window_size_left=-1, window_size_right=-1)
+
+
+def test_a_serving_loop_on_the_paged_kv_cache_helper():
+    """Prefill two prompts in chunks into tileops.serving.PagedKVCache with the paged
+    prefill op, then decode a few tokens with the paged decode op: every output equals
+    dense attention over what the cache gathers for that sequence."""
+    serving = pytest.importorskip("tileops.serving", reason="tileops is not importable here")
+    ops = pytest.importorskip("tileops.ops")
+    heads, heads_kv, dim, page = 4, 2, 32, 8
+    cache = serving.PagedKVCache(num_pages=32, page_size=page, heads_kv=heads_kv, head_dim=dim, max_pages_per_seq=12)
+    seqs = [cache.add_sequence(), cache.add_sequence()]
+    prefill = ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(12, page, 64, target="native_cpu")
+    decode = ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(page, target="native_cpu")
+    seen_k = {s: [] for s in seqs}
+    for counts in ([13, 30], [20, 1]):  # two chunks per prompt, uneven
+        total = sum(counts)
+        q, k, v = (torch.randn(total, h, dim).bfloat16() for h in (heads, heads_kv, heads_kv))
+        for s, n in zip(seqs, counts):
+            cache.reserve(s, n)
+        before = cache.seqlens(seqs)
+        out = prefill(q, k, v, cache.k_pages, cache.v_pages, None, None, cache.cu_seqlens(counts), before,
+                      cache.block_table(seqs))
+        cache.advance(seqs, counts)
+        at = 0
+        for s, n in zip(seqs, counts):
+            seen_k[s].append(k[at : at + n])
+            keys, values = cache.gather(s)
+            cached = int(before[seqs.index(s)])
+            want = run(VARLEN, q[at : at + n], keys, values, torch.tensor([0, n], dtype=I32),
+                       torch.tensor([0, cached + n], dtype=I32), None, None, None, max_seqlen_q=n,
+                       max_seqlen_kv=cached + n, is_causal=True, sm_scale=dim**-0.5, softcap=0.0,
+                       window_size_left=-1, window_size_right=-1)
+            close(out[at : at + n], want)
+            at += n
+    for s in seqs:
+        assert torch.equal(cache.gather(s)[0], torch.cat(seen_k[s]))
+    for _ in range(3):  # decode: append one token per sequence, attend over everything cached
+        q, k, v = torch.randn(2, heads, dim).bfloat16(), torch.randn(2, heads_kv, dim).bfloat16(), torch.randn(2, heads_kv, dim).bfloat16()
+        cache.append(seqs, k, v, counts=[1, 1])
+        out = decode(q, cache.k_pages, cache.v_pages, cache.seqlens(seqs), cache.block_table(seqs))
+        for b, s in enumerate(seqs):
+            keys, values = cache.gather(s)
+            close(out[b : b + 1], run(DECODE, q[b : b + 1], keys[None], values[None]))

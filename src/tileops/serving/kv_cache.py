@@ -128,6 +128,24 @@ class PagedKVCache:
         and RuntimeError when the pool has too few free pages."""
         self._reserve_all({self._known(seq_id): _count("n_tokens", n_tokens)})
 
+    def advance(self, seq_ids: int | Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
+        """Records that ``counts[i]`` more tokens of ``seq_ids[i]`` were written into its
+        reserved pages by someone else (paged prefill appends its chunk itself): reserve,
+        run the op with the old ``seqlens``, then advance."""
+        ids = self._ids(seq_ids)
+        per_seq = [_count("counts[i]", c) for c in _as_list(counts)]
+        if len(per_seq) != len(ids):
+            raise ValueError(f"PagedKVCache.advance: {len(ids)} sequences but {len(per_seq)} counts")
+        for seq_id, n in zip(ids, per_seq):
+            room = len(self._pages[seq_id]) * self.page_size - self._lengths[seq_id]
+            if n > room:
+                raise ValueError(
+                    f"PagedKVCache.advance: sequence {seq_id} has room for {room} more tokens in its "
+                    f"reserved pages, got {n} (reserve them first)"
+                )
+        for seq_id, n in zip(ids, per_seq):
+            self._lengths[seq_id] += n
+
     def _pages_needed(self, seq_id: int, n_tokens: int) -> int:
         total = -(-(self._lengths[seq_id] + n_tokens) // self.page_size)
         if total > self.max_pages_per_seq:
