@@ -672,3 +672,22 @@ def test_a_negative_window_other_than_off_is_refused_at_construction(op_name, wi
     args = {**harness.constructor_args(case), "window_size_left": window}
     with pytest.raises(ValueError, match=f"{op_name}.*window_size_left"):
         OPS[op_name](**args)
+
+
+@pytest.mark.parametrize("op_name", sorted(n for n in OPS if n.startswith("GroupedQueryAttention")))
+def test_fp8_attention_inputs_and_caches_are_refused_by_the_manifest(recorder, op_name):
+    # fp8 is optional upstream and not served here: the dtypes say so, before any backend.
+    entry = manifest.entry(op_name)
+    case = next(c for c in harness.cases(None, ops=[op_name], scale="tiny") if not c.strided)
+    inputs = harness.make_inputs(case)
+    op = OPS[op_name](**harness.constructor_args(case))
+    fp8 = torch.float8_e4m3fn
+    for slot, decl in enumerate(entry.inputs):
+        if decl.name not in ("q", "k_pages") or inputs[slot] is None:
+            continue
+        args = list(inputs)
+        args[slot] = args[slot].to(fp8)
+        expected = "expects dtype float16 | bfloat16" if slot == 0 else "must have the same dtype as input 'q'"
+        with pytest.raises(ValueError, match=f"{op_name}: input '{decl.name}' {expected}.*float8_e4m3fn"):
+            op(*args)
+    assert recorder.builds == []
