@@ -406,6 +406,20 @@ def _spans(cu: Tensor) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def _packed(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, *, causal: bool, left: int, right: int,
+    scale: float | None, softcap: float | None,
+) -> Tensor:
+    """Packed requests, bottom-right per request; rows past cu_q[-1] stay 0 (padding)."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for (q0, q1), (k0, k1) in zip(_spans(cu_q), _spans(cu_k)):
+        out[q0:q1] = _attend(
+            q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=causal, left=left,
+            right=right, scale=scale, softcap=softcap,
+        )
+    return _down(out, q)
+
+
 def _varlen_prefill() -> Callable[..., RefResult]:
     def ref(
         q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor,
@@ -413,13 +427,8 @@ def _varlen_prefill() -> Callable[..., RefResult]:
         *, is_causal: bool, sm_scale: float | None, softcap: float | None,
         window_size_left: int, window_size_right: int, **_: Any,
     ) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for (q0, q1), (k0, k1) in zip(_spans(cu_seqlens_q), _spans(cu_seqlens_kv)):
-            out[q0:q1] = _attend(
-                q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=is_causal,
-                left=window_size_left, right=window_size_right, scale=sm_scale, softcap=softcap,
-            )
-        return _down(out, q)
+        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_kv, causal=is_causal, left=window_size_left,
+                       right=window_size_right, scale=sm_scale, softcap=softcap)
 
     return ref
 
@@ -479,13 +488,8 @@ def _sliding_window_varlen() -> Callable[..., RefResult]:
         q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
         *, is_causal: bool, window_size_left: int, window_size_right: int, **_: Any,
     ) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # rows past cu_seqlens_q[-1] stay 0
-        for (q0, q1), (k0, k1) in zip(_spans(cu_seqlens_q), _spans(cu_seqlens_k)):
-            out[q0:q1] = _attend(
-                q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=is_causal,
-                left=window_size_left, right=window_size_right, scale=None, softcap=None,
-            )
-        return _down(out, q)
+        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=is_causal, left=window_size_left,
+                       right=window_size_right, scale=None, softcap=None)
 
     return ref
 
