@@ -223,28 +223,31 @@ void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t l
 // hardware prefetcher follows at full speed. Blocks of several rows read at once (the
 // path for m > 1) are as many short streams, and reached about half the read bandwidth
 // from memory at K = 1024 (in cache the two run alike).
-inline void gemv_bf16_nt(const uint16_t* __restrict a, const uint16_t* __restrict b, int64_t ldb, int64_t k, bf16_t* d, int64_t j0,
-                         int64_t j1) {
+// The dot of one row of B with a (zero-padded to a multiple of 32), eight accumulators
+// along K: the GEMV's row, and the MoE decode path's (kernels/moe_avx512_bf16.h).
+inline float dot_bf16_nt_row(const uint16_t* __restrict a, const uint16_t* __restrict row, int64_t k) {
   const int64_t k32 = k / 32 * 32;
   const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (k - k32)) - 1);
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* row = b + j * ldb;
-    __m512 acc[8];
+  __m512 acc[8];
 #pragma GCC unroll 8
-    for (auto& v : acc) v = _mm512_setzero_ps();
-    int64_t kk = 0;
-    for (; kk + 256 <= k32; kk += 256)
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  int64_t kk = 0;
+  for (; kk + 256 <= k32; kk += 256)
 #pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c)
-        acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk + 32 * c), (__m512bh)_mm512_loadu_si512(row + kk + 32 * c));
-    for (int c = 0; kk < k32; kk += 32, ++c)
-      acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_loadu_si512(row + kk));
-    if (kk < k)  // a is zero-padded to a multiple of 32
-      acc[7] = _mm512_dpbf16_ps(acc[7], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_maskz_loadu_epi16(tail, row + kk));
-    const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
-                                   _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
-    d[j] = tnc::from_float<bf16_t>(_mm512_reduce_add_ps(s));
-  }
+    for (int c = 0; c < 8; ++c)
+      acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk + 32 * c), (__m512bh)_mm512_loadu_si512(row + kk + 32 * c));
+  for (int c = 0; kk < k32; kk += 32, ++c)
+    acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_loadu_si512(row + kk));
+  if (kk < k)  // a is zero-padded to a multiple of 32
+    acc[7] = _mm512_dpbf16_ps(acc[7], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_maskz_loadu_epi16(tail, row + kk));
+  const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
+                                 _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
+  return _mm512_reduce_add_ps(s);
+}
+
+inline void gemv_bf16_nt(const uint16_t* __restrict a, const uint16_t* __restrict b, int64_t ldb, int64_t k, bf16_t* d, int64_t j0,
+                         int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) d[j] = tnc::from_float<bf16_t>(dot_bf16_nt_row(a, b + j * ldb, k));
 }
 
 inline void gemm_skinny_bf16_nt(const tnc::GemmArgs& g, int threads) {

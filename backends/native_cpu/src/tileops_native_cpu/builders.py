@@ -42,6 +42,8 @@ from .factories import (
     clamp,
     fused_add_layer_norm,
     fused_add_rms_norm,
+    fused_moe,
+    fused_topk,
     gated,
     gemm,
     group_norm,
@@ -89,6 +91,8 @@ _TABLE: dict[str, Factory] = {
     "RopeYarnPositionIdsFwdOp": rope_neox_position_ids(scaling="yarn"),
     "GroupedQueryAttentionFwdOp": attention(HALVES, decode=False),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": attention(HALVES, decode=True),
+    "FusedTopKOp": fused_topk(FLOATS),
+    "FusedMoeFwdOp": fused_moe(HALVES),
 }
 
 
@@ -130,3 +134,5 @@ build_rope_neox = BUILDERS["RopeNeoxFwdOp"]
 build_rope_neox_position_ids = BUILDERS["RopeNeoxPositionIdsFwdOp"]
 build_gqa = BUILDERS["GroupedQueryAttentionFwdOp"]
 build_gqa_decode = BUILDERS["GroupedQueryAttentionDecodeWithKVCacheFwdOp"]
+build_fused_topk = BUILDERS["FusedTopKOp"]
+build_fused_moe = BUILDERS["FusedMoeFwdOp"]
