@@ -28,6 +28,19 @@
 // (no includes here on purpose: see kernels/common.h)
 
 constexpr int64_t kMoeDecodeTokens = 4;
+constexpr int64_t kMoeGateRows = 32;   // decode: gate (and up) rows per task
+constexpr int64_t kMoeDownCols = 128;  // decode: output columns (w_down rows) per task
+
+// Weights of `count` elements asked for ahead of their dots, one cache line at a time.
+// Within a forward run of rows the hardware prefetcher keeps up (as for the GEMV); the
+// decode tasks ask only where the next rows are elsewhere (gate -> up rows, one expert or
+// task -> the next), where it would start over.
+template <class T>
+inline void prefetch_row(const T* p, int64_t count) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 3);
+}
 
 // ---------------------------------------------------------------------------------------
 // routing
@@ -36,8 +49,8 @@ constexpr int64_t kMoeDecodeTokens = 4;
 // values do not: scanning ids upwards keeps the lower one.
 inline bool ranks_above(float a, float b) { return a > b || (a != a && b == b); }
 
-// Floats a router needs per token: scores, selection values, taken flags.
-inline size_t route_scratch(int64_t experts) { return static_cast<size_t>(3 * (experts + W)); }
+// Floats a router needs per token: scores and selection values.
+inline size_t route_scratch(int64_t experts) { return static_cast<size_t>(2 * (experts + W)); }
 
 // One token: logits[E] -> weights[K] (float32) and ids[K], descending by selection value.
 template <class T>
@@ -45,7 +58,6 @@ inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, 
                       float* work, float* weights, int32_t* ids) {
   float* scores = work;
   float* select = work + E + W;
-  float* taken = select + E + W;
   for (int64_t e = 0; e < E; e += W) storec(scores + e, loadc(logits + e, E - e), E - e);
   if (bias == nullptr) std::memcpy(select, scores, static_cast<size_t>(E) * sizeof(float));
   float inv_sum = 1.f;
@@ -59,15 +71,21 @@ inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, 
   }
   if (bias != nullptr)
     for (int64_t e = 0; e < E; ++e) select[e] = scores[e] + bias[e];
-  for (int64_t e = 0; e < E; ++e) taken[e] = 0.f;
+  // one pass over the experts keeping the best K so far in order (ids[0..kept)); an
+  // expert enters only if it ranks above the last kept one, and goes after every kept one
+  // it does not rank above: equal values keep the lower id first. Past the first K experts
+  // most fail the one comparison with the last kept (about K ln(E/K) enter).
+  int64_t kept = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const float v = select[e];
+    if (kept == K && !ranks_above(v, select[ids[K - 1]])) continue;
+    int64_t at = kept < K ? kept++ : K - 1;
+    for (; at > 0 && ranks_above(v, select[ids[at - 1]]); --at) ids[at] = ids[at - 1];
+    ids[at] = static_cast<int32_t>(e);
+  }
   float sum = 0.f;
   for (int64_t k = 0; k < K; ++k) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; ++e)
-      if (taken[e] == 0.f && (best < 0 || ranks_above(select[e], select[best]))) best = e;
-    taken[best] = 1.f;
-    ids[k] = static_cast<int32_t>(best);
-    weights[k] = scores[best] * inv_sum;
+    weights[k] = scores[ids[k]] * inv_sum;
     sum += weights[k];
   }
   if (renormalize)
@@ -106,20 +124,19 @@ inline U* moe_array(int64_t count, int slot) {
   return static_cast<U*>(moe_buffer(static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(U), slot));
 }
 
-// The decode path's dot of one weight row with up to kMoeDecodeTokens activation rows:
-// activations widened to float and zero-padded to whole vectors, skinny_nt_block of the
-// gemm family per row (one accumulator per activation row).
+// The decode path's dots of two weight rows with up to kMoeDecodeTokens activation rows:
+// activations widened to float and zero-padded to whole vectors, the gemm family's
+// skinny_nt_block over the two rows (one accumulator per activation row and weight row).
 template <class T>
 struct WidenedDecodeRows {
   using A = float;
   static int64_t padded(int64_t k) { return (k + W - 1) / W * W; }
   static A from_storage(T v) { return tnc::to_float(v); }
   static A rounded(float v) { return tnc::to_float(tnc::from_float<T>(v)); }
+  // out[r][j]: activation row r with weight rows row and row + ldb (nb = 1: the first only)
   template <int MR>
-  static void dot(const A* ap, int64_t kp, const T* row, int64_t k, float out[MR]) {
-    float o[MR][1];
-    skinny_nt_block<T, MR, 1>(ap, kp, row, k, k, 1, o);
-    for (int r = 0; r < MR; ++r) out[r] = o[r][0];
+  static void dot2(const A* ap, int64_t kp, const T* row, int64_t ldb, int64_t k, int nb, float out[MR][2]) {
+    skinny_nt_block<T, MR, 2>(ap, kp, row, ldb, k, nb, out);
   }
 };
 
@@ -175,47 +192,61 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
 
   with_decode_rows(tokens, [&](auto mr) {
     constexpr int MR = decltype(mr)::value;
-    // gate and up rows: blocks of kRows rows of one expert, each row read once
-    constexpr int64_t kRows = 16;
-    const int64_t blocks = (Fz + kRows - 1) / kRows;
+    // gate and up rows: blocks of kMoeGateRows rows of one expert; a block's gate rows,
+    // then its up rows, each a forward run of memory, two rows at a time
+    const int64_t blocks = (Fz + kMoeGateRows - 1) / kMoeGateRows;
     tnc::parallel_for(used * blocks, 1, threads, [&](int64_t i0, int64_t i1) {
-      alignas(64) float gate[MR][kRows + 16], up[MR][kRows + 16];
+      alignas(64) float dots[2][MR][kMoeGateRows + 16];  // [gate | up][token][row]
       for (int64_t item = i0; item < i1; ++item) {
-        const int64_t u = item / blocks, j0 = (item % blocks) * kRows, rows = std::min(kRows, Fz - j0);
+        const int64_t u = item / blocks, j0 = (item % blocks) * kMoeGateRows, rows = std::min(kMoeGateRows, Fz - j0);
         const T* w = wgu + static_cast<int64_t>(experts[u]) * 2 * Fz * H;
-        for (int64_t j = 0; j < rows; ++j) {
-          float g[MR], v[MR];
-          Rows::template dot<MR>(xa, kph, w + (j0 + j) * H, H, g);
-          Rows::template dot<MR>(xa, kph, w + (Fz + j0 + j) * H, H, v);
-          for (int r = 0; r < MR; ++r) gate[r][j] = g[r], up[r][j] = v[r];
+        for (int half = 0; half < 2; ++half) {  // gate rows j0.., then up rows Fz + j0..
+          const T* first = w + (half * Fz + j0) * H;
+          for (int64_t j = 0; j < rows; j += 2) {
+            const int nb = static_cast<int>(std::min<int64_t>(2, rows - j));
+            if (j + 2 >= rows) {  // the next rows are elsewhere: this block's up rows, or the next task's gate rows
+              if (half == 0) {
+                prefetch_row(w + (Fz + j0) * H, 2 * H);
+              } else if (item + 1 < i1) {
+                const int64_t nu = (item + 1) / blocks, nj = ((item + 1) % blocks) * kMoeGateRows;
+                prefetch_row(wgu + static_cast<int64_t>(experts[nu]) * 2 * Fz * H + nj * H, 2 * H);
+              }
+            }
+            float d[MR][2];
+            Rows::template dot2<MR>(xa, kph, first + j * H, H, H, nb, d);
+            for (int r = 0; r < MR; ++r)
+              for (int c = 0; c < nb; ++c) dots[half][r][j + c] = d[r][c];
+          }
         }
         for (int r = 0; r < MR; ++r) {
-          alignas(64) float h[kRows + 16];
+          alignas(64) float h[kMoeGateRows + 16];
           for (int64_t j = 0; j < rows; j += W)
-            storec(h + j, S::mul(unary_apply<T, Act>(loadc(gate[r] + j, rows - j)), loadc(up[r] + j, rows - j)), rows - j);
+            storec(h + j, S::mul(unary_apply<T, Act>(loadc(dots[0][r] + j, rows - j)), loadc(dots[1][r] + j, rows - j)), rows - j);
           A* dst = ha + (u * tokens + r) * kpf + j0;
           for (int64_t j = 0; j < rows; ++j) dst[j] = Rows::rounded(h[j]);
         }
       }
     });
     // down rows: each thread owns blocks of output columns and reads those rows of every
-    // chosen expert's w_down
-    constexpr int64_t kCols = 32;
-    const int64_t col_blocks = (H + kCols - 1) / kCols;
+    // chosen expert's w_down (a forward run per expert), two rows at a time
+    const int64_t col_blocks = (H + kMoeDownCols - 1) / kMoeDownCols;
     tnc::parallel_for(col_blocks, 1, threads, [&](int64_t b0, int64_t b1) {
-      alignas(64) float acc[MR][kCols];
+      alignas(64) float acc[MR][kMoeDownCols];
       for (int64_t blk = b0; blk < b1; ++blk) {
-        const int64_t c0 = blk * kCols, cols = std::min(kCols, H - c0);
+        const int64_t c0 = blk * kMoeDownCols, cols = std::min(kMoeDownCols, H - c0);
         for (int r = 0; r < MR; ++r)
-          for (int64_t c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+          for (int64_t c = 0; c < kMoeDownCols; ++c) acc[r][c] = 0.f;
+        auto row = [&](int64_t u, int64_t c) { return wd + static_cast<int64_t>(experts[u]) * H * Fz + (c0 + c) * Fz; };
         for (int64_t u = 0; u < used; ++u) {
-          const T* w = wd + static_cast<int64_t>(experts[u]) * H * Fz;
           const A* hu = ha + u * tokens * kpf;
-          for (int64_t c = 0; c < cols; ++c) {
-            float y[MR];
-            Rows::template dot<MR>(hu, kpf, w + (c0 + c) * Fz, Fz, y);
+          for (int64_t c = 0; c < cols; c += 2) {
+            const int nb = static_cast<int>(std::min<int64_t>(2, cols - c));
+            if (c + 2 >= cols && u + 1 < used) prefetch_row(row(u + 1, 0), 2 * Fz);  // the next expert's run
+            float y[MR][2];
+            Rows::template dot2<MR>(hu, kpf, row(u, c), Fz, Fz, nb, y);
             for (int r = 0; r < MR; ++r)
-              if (chosen[u * tokens + r]) acc[r][c] += share[u * tokens + r] * y[r];
+              if (chosen[u * tokens + r])
+                for (int j = 0; j < nb; ++j) acc[r][c + j] += share[u * tokens + r] * y[r][j];
           }
         }
         const F scale = S::set1(a.scale);

@@ -1,8 +1,8 @@
 // The moe family's code for AVX-512 BF16 (vdpbf16ps): the decode path's dot products
 // straight on the bfloat16 activations and weight rows. Included by isa_avx512.cc inside
-// its namespace after kernels/gemm_avx512_bf16_nt.h (whose dot_bf16_nt_row and
-// skinny_nt_bf16_block it uses); register_moe_avx512_bf16 replaces the bfloat16 MoE
-// kernels. (Their prefill GEMMs already come from the table: the AVX-512 BF16 GEMM.)
+// its namespace after kernels/gemm_avx512_bf16_nt.h (whose dot_bf16_nt_rows it uses);
+// register_moe_avx512_bf16 replaces the bfloat16 MoE kernels. (Their prefill GEMMs already
+// come from the table: the AVX-512 BF16 GEMM.)
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
 
@@ -11,22 +11,22 @@
 #endif
 
 // moe_decode's Rows for bfloat16: activations kept as bfloat16 bits, zero-padded to
-// whole vectors of 32. One token: the GEMV's row dot (eight accumulators along K, one
-// forward stream); more: the skinny NT block of one row, which prefetches the next row.
+// whole vectors of 32, and vdpbf16ps straight on them and the weight rows: the GEMV's row
+// dots (dot_bf16_nt_rows), each row read once as one forward stream for every token.
+// (skinny_nt_bf16_block over two rows at once, an accumulator per token and row, reached
+// about half of this at 2 to 4 tokens: two interleaved row streams.)
 struct Avx512Bf16DecodeRows {
   using A = uint16_t;
   static int64_t padded(int64_t k) { return (k + 31) / 32 * 32; }
   static A from_storage(bf16_t v) { return v.bits; }
   static A rounded(float v) { return tnc::from_float<bf16_t>(v).bits; }
   template <int MR>
-  static void dot(const A* ap, int64_t kp, const bf16_t* row, int64_t k, float out[MR]) {
+  static void dot2(const A* ap, int64_t kp, const bf16_t* row, int64_t ldb, int64_t k, int nb, float out[MR][2]) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row);
-    if constexpr (MR == 1) {
-      out[0] = dot_bf16_nt_row(ap, b, k);
-    } else {
-      float o[MR][1];
-      skinny_nt_bf16_block<MR, 1>(ap, kp, b, k, k, 1, o);
-      for (int r = 0; r < MR; ++r) out[r] = o[r][0];
+    for (int j = 0; j < nb; ++j) {
+      float d[MR];
+      dot_bf16_nt_rows<MR>(ap, kp, b + j * ldb, k, d);
+      for (int r = 0; r < MR; ++r) out[r][j] = d[r];
     }
   }
 };
