@@ -49,39 +49,65 @@ inline void prefetch_row(const T* p, int64_t count) {
 // values do not: scanning ids upwards keeps the lower one.
 inline bool ranks_above(float a, float b) { return a > b || (a != a && b == b); }
 
-// Floats a router needs per token: scores and selection values.
-inline size_t route_scratch(int64_t experts) { return static_cast<size_t>(2 * (experts + W)); }
+// Floats a router needs per token: scores, selection values, and those of the best kept.
+inline size_t route_scratch(int64_t experts, int64_t top_k) { return static_cast<size_t>(2 * (experts + W) + top_k); }
 
 // One token: logits[E] -> weights[K] (float32) and ids[K], descending by selection value.
 template <class T>
 inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, tnc::MoeScoring scoring, bool renormalize,
                       float* work, float* weights, int32_t* ids) {
   float* scores = work;
-  float* select = work + E + W;
-  for (int64_t e = 0; e < E; e += W) storec(scores + e, loadc(logits + e, E - e), E - e);
-  if (bias == nullptr) std::memcpy(select, scores, static_cast<size_t>(E) * sizeof(float));
+  float* select = work + E + W;  // the logits, unless a bias makes it sigmoid + bias
+  float* kept_value = select + E + W;
+  // the logits as float, their max, and whether any is NaN or infinite (x - x is then NaN)
+  F most = S::set1(-std::numeric_limits<float>::infinity()), special = S::zero();
+  for (int64_t e = 0; e < E; e += W) {
+    const F v = loadc(logits + e, E - e);
+    storec(select + e, v, E - e);
+    most = S::max(most, loadc(logits + e, E - e, -std::numeric_limits<float>::infinity()));
+    special = S::add(special, S::sub(v, v));
+  }
+  const bool finite = S::reduce_add(special) == 0.f;
   float inv_sum = 1.f;
   if (scoring == tnc::MoeScoring::softmax) {
-    const F top = S::set1(max_run(scores, E));
-    for (int64_t e = 0; e < E; e += W) storec(scores + e, vexp<false>(S::sub(loadc(scores + e, E - e), top)), E - e);
+    const F top = S::set1(finite ? S::reduce_max(most) : max_run(select, E));
+    for (int64_t e = 0; e < E; e += W) storec(scores + e, vexp<false>(S::sub(loadc(select + e, E - e), top)), E - e);
     inv_sum = 1.f / sum_run(scores, E);
   } else {
     for (int64_t e = 0; e < E; e += W)
-      storec(scores + e, vrcp<false>(S::add(S::set1(1.f), vexp_neg<false>(loadc(scores + e, E - e)))), E - e);
+      storec(scores + e, vrcp<false>(S::add(S::set1(1.f), vexp_neg<false>(loadc(select + e, E - e)))), E - e);
   }
   if (bias != nullptr)
-    for (int64_t e = 0; e < E; ++e) select[e] = scores[e] + bias[e];
+    for (int64_t e = 0; e < E; e += W) storec(select + e, S::add(loadc(scores + e, E - e), loadc(bias + e, E - e)), E - e);
   // one pass over the experts keeping the best K so far in order (ids[0..kept)); an
   // expert enters only if it ranks above the last kept one, and goes after every kept one
   // it does not rank above: equal values keep the lower id first. Past the first K experts
   // most fail the one comparison with the last kept (about K ln(E/K) enter).
+  // (Values are kept beside the ids: comparing through select[ids[i]] made every step of
+  // an insertion two dependent loads, and the router 3x slower.)
   int64_t kept = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const float v = select[e];
-    if (kept == K && !ranks_above(v, select[ids[K - 1]])) continue;
+  auto insert = [&](int64_t e, float v) {
     int64_t at = kept < K ? kept++ : K - 1;
-    for (; at > 0 && ranks_above(v, select[ids[at - 1]]); --at) ids[at] = ids[at - 1];
+    for (; at > 0 && ranks_above(v, kept_value[at - 1]); --at) {
+      ids[at] = ids[at - 1];
+      kept_value[at] = kept_value[at - 1];
+    }
     ids[at] = static_cast<int32_t>(e);
+    kept_value[at] = v;
+  };
+  if (finite && bias == nullptr) {  // no NaN to rank: one comparison with the last kept, in a register
+    for (int64_t e = 0; e < K; ++e) insert(e, select[e]);
+    float last = kept_value[K - 1];
+    for (int64_t e = K; e < E; ++e) {
+      const float v = select[e];
+      if (v > last) {
+        insert(e, v);
+        last = kept_value[K - 1];
+      }
+    }
+  }
+  for (int64_t e = kept == K ? E : 0; e < E; ++e) {  // the general case (NaN ranks above numbers)
+    if (kept < K || ranks_above(select[e], kept_value[K - 1])) insert(e, select[e]);
   }
   float sum = 0.f;
   for (int64_t k = 0; k < K; ++k) {
@@ -96,7 +122,7 @@ template <class T>
 void route_tokens(const T* logits, const float* bias, int64_t tokens, int64_t E, int64_t K, tnc::MoeScoring scoring,
                   bool renormalize, float* weights, int32_t* ids, int threads) {
   tnc::parallel_for(tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(E, 1)), threads, [&](int64_t t0, int64_t t1) {
-    float* work = scratch(route_scratch(E), 0);
+    float* work = scratch(route_scratch(E, K), 0);
     for (int64_t t = t0; t < t1; ++t)
       route_one(logits + t * E, bias, E, K, scoring, renormalize, work, weights + t * K, ids + t * K);
   });
@@ -163,7 +189,7 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
   // routing, on this thread: a handful of tokens
   float* weights = moe_array<float>(tokens * K, 0);
   int32_t* ids = moe_array<int32_t>(tokens * K, 1);
-  float* work = moe_array<float>(static_cast<int64_t>(route_scratch(E)), 2);
+  float* work = moe_array<float>(static_cast<int64_t>(route_scratch(E, K)), 2);
   for (int64_t t = 0; t < tokens; ++t)
     route_one(a.logits + t * E, a.bias, E, K, a.scoring, a.renormalize, work, weights + t * K, ids + t * K);
   // the distinct experts chosen, in the order first chosen; share[u * tokens + t] is token
