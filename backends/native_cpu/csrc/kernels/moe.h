@@ -11,8 +11,8 @@
 //
 // The block has two paths, both reading only the experts some token chose:
 // - decode (at most kMoeDecodeTokens tokens): one parallel region streams the selected
-//   experts' gate and up rows once, dotting each row with every token (a row is read from
-//   memory once, the other tokens' dots hit L1) and writing act(gate) * up; a second region
+//   experts' gate and up rows once, dotting each row with the tokens that chose its expert
+//   (the row is read once for all of them) and writing act(gate) * up; a second region
 //   splits the hidden dim over threads, each streaming its rows of every selected expert's
 //   w_down and accumulating the weighted sum of its output columns in float32 (each output
 //   element is owned by one thread). The dot of one weight row is the policy `Rows`
@@ -192,40 +192,46 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
   float* work = moe_array<float>(static_cast<int64_t>(route_scratch(E, K)), 2);
   for (int64_t t = 0; t < tokens; ++t)
     route_one(a.logits + t * E, a.bias, E, K, a.scoring, a.renormalize, work, weights + t * K, ids + t * K);
-  // the distinct experts chosen, in the order first chosen; share[u * tokens + t] is token
-  // t's weight for expert u and chosen[...] whether t chose it at all
+  // the distinct experts chosen, in the order first chosen; expert u was chosen by
+  // count[u] tokens, token_of[u * kMoeDecodeTokens + s] with weight share[...] (s < count[u])
+  constexpr int64_t kT = kMoeDecodeTokens;
   int32_t* experts = moe_array<int32_t>(tokens * K, 3);
-  float* share = moe_array<float>(tokens * K * tokens, 4);
-  uint8_t* chosen = moe_array<uint8_t>(tokens * K * tokens, 5);
+  int32_t* count = moe_array<int32_t>(tokens * K, 4);
+  int32_t* token_of = moe_array<int32_t>(2 * tokens * K * kT, 5);
+  float* share = reinterpret_cast<float*>(token_of + tokens * K * kT);
   int64_t used = 0;
   for (int64_t i = 0; i < tokens * K; ++i) {
     int64_t u = 0;
     while (u < used && experts[u] != ids[i]) ++u;
-    if (u == used) {
-      experts[used++] = ids[i];
-      for (int64_t t = 0; t < tokens; ++t) share[u * tokens + t] = 0.f, chosen[u * tokens + t] = 0;
-    }
-    share[u * tokens + i / K] += weights[i];
-    chosen[u * tokens + i / K] = 1;
+    if (u == used) experts[used] = ids[i], count[used++] = 0;
+    token_of[u * kT + count[u]] = static_cast<int32_t>(i / K);
+    share[u * kT + count[u]++] = weights[i];
   }
-  // the tokens as the dot's activations, and act(gate) * up per (expert, token), padded
-  A* xa = reinterpret_cast<A*>(scratch(static_cast<size_t>(tokens * kph) * sizeof(A) / sizeof(float) + W, 0));
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t i = 0; i < kph; ++i) xa[t * kph + i] = i < H ? Rows::from_storage(x[t * H + i]) : A{};
-  A* ha = reinterpret_cast<A*>(scratch(static_cast<size_t>(used * tokens * kpf) * sizeof(A) / sizeof(float) + W, 1));
-  for (int64_t r = 0; r < used * tokens; ++r)
+  // each expert's activations: the rows of the tokens that chose it (count[u] of them), and
+  // act(gate) * up for those tokens; both padded with zeros
+  A* xa = reinterpret_cast<A*>(scratch(static_cast<size_t>(used * kT * kph) * sizeof(A) / sizeof(float) + W, 0));
+  for (int64_t u = 0; u < used; ++u)
+    for (int64_t s = 0; s < count[u]; ++s) {
+      const T* src = x + static_cast<int64_t>(token_of[u * kT + s]) * H;
+      A* dst = xa + (u * kT + s) * kph;
+      for (int64_t i = 0; i < kph; ++i) dst[i] = i < H ? Rows::from_storage(src[i]) : A{};
+    }
+  A* ha = reinterpret_cast<A*>(scratch(static_cast<size_t>(used * kT * kpf) * sizeof(A) / sizeof(float) + W, 1));
+  for (int64_t r = 0; r < used * kT; ++r)
     for (int64_t i = Fz; i < kpf; ++i) ha[r * kpf + i] = A{};
 
-  with_decode_rows(tokens, [&](auto mr) {
-    constexpr int MR = decltype(mr)::value;
-    // gate and up rows: blocks of kMoeGateRows rows of one expert; a block's gate rows,
-    // then its up rows, each a forward run of memory, two rows at a time
-    const int64_t blocks = (Fz + kMoeGateRows - 1) / kMoeGateRows;
-    tnc::parallel_for(used * blocks, 1, threads, [&](int64_t i0, int64_t i1) {
-      alignas(64) float dots[2][MR][kMoeGateRows + 16];  // [gate | up][token][row]
-      for (int64_t item = i0; item < i1; ++item) {
-        const int64_t u = item / blocks, j0 = (item % blocks) * kMoeGateRows, rows = std::min(kMoeGateRows, Fz - j0);
-        const T* w = wgu + static_cast<int64_t>(experts[u]) * 2 * Fz * H;
+  // gate and up rows: blocks of kMoeGateRows rows of one expert; a block's gate rows, then
+  // its up rows, each a forward run of memory, two rows at a time, dotted with the tokens
+  // that chose the expert only
+  const int64_t blocks = (Fz + kMoeGateRows - 1) / kMoeGateRows;
+  tnc::parallel_for(used * blocks, 1, threads, [&](int64_t i0, int64_t i1) {
+    alignas(64) float dots[2][kT][kMoeGateRows + 16];  // [gate | up][token of the expert][row]
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t u = item / blocks, j0 = (item % blocks) * kMoeGateRows, rows = std::min(kMoeGateRows, Fz - j0);
+      const T* w = wgu + static_cast<int64_t>(experts[u]) * 2 * Fz * H;
+      const A* xu = xa + u * kT * kph;
+      with_decode_rows(count[u], [&](auto mr) {
+        constexpr int MR = decltype(mr)::value;
         for (int half = 0; half < 2; ++half) {  // gate rows j0.., then up rows Fz + j0..
           const T* first = w + (half * Fz + j0) * H;
           for (int64_t j = 0; j < rows; j += 2) {
@@ -239,47 +245,52 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
               }
             }
             float d[MR][2];
-            Rows::template dot2<MR>(xa, kph, first + j * H, H, H, nb, d);
+            Rows::template dot2<MR>(xu, kph, first + j * H, H, H, nb, d);
             for (int r = 0; r < MR; ++r)
               for (int c = 0; c < nb; ++c) dots[half][r][j + c] = d[r][c];
           }
         }
-        for (int r = 0; r < MR; ++r) {
-          alignas(64) float h[kMoeGateRows + 16];
-          for (int64_t j = 0; j < rows; j += W)
-            storec(h + j, S::mul(unary_apply<T, Act>(loadc(dots[0][r] + j, rows - j)), loadc(dots[1][r] + j, rows - j)), rows - j);
-          A* dst = ha + (u * tokens + r) * kpf + j0;
-          for (int64_t j = 0; j < rows; ++j) dst[j] = Rows::rounded(h[j]);
-        }
+      });
+      for (int64_t r = 0; r < count[u]; ++r) {
+        alignas(64) float h[kMoeGateRows + 16];
+        for (int64_t j = 0; j < rows; j += W)
+          storec(h + j, S::mul(unary_apply<T, Act>(loadc(dots[0][r] + j, rows - j)), loadc(dots[1][r] + j, rows - j)), rows - j);
+        A* dst = ha + (u * kT + r) * kpf + j0;
+        for (int64_t j = 0; j < rows; ++j) dst[j] = Rows::rounded(h[j]);
       }
-    });
-    // down rows: each thread owns blocks of output columns and reads those rows of every
-    // chosen expert's w_down (a forward run per expert), two rows at a time
-    const int64_t col_blocks = (H + kMoeDownCols - 1) / kMoeDownCols;
-    tnc::parallel_for(col_blocks, 1, threads, [&](int64_t b0, int64_t b1) {
-      alignas(64) float acc[MR][kMoeDownCols];
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const int64_t c0 = blk * kMoeDownCols, cols = std::min(kMoeDownCols, H - c0);
-        for (int r = 0; r < MR; ++r)
-          for (int64_t c = 0; c < kMoeDownCols; ++c) acc[r][c] = 0.f;
-        auto row = [&](int64_t u, int64_t c) { return wd + static_cast<int64_t>(experts[u]) * H * Fz + (c0 + c) * Fz; };
-        for (int64_t u = 0; u < used; ++u) {
-          const A* hu = ha + u * tokens * kpf;
+    }
+  });
+  // down rows: each thread owns blocks of output columns and reads those rows of every
+  // chosen expert's w_down (a forward run per expert), two rows at a time
+  const int64_t col_blocks = (H + kMoeDownCols - 1) / kMoeDownCols;
+  tnc::parallel_for(col_blocks, 1, threads, [&](int64_t b0, int64_t b1) {
+    alignas(64) float acc[kT][kMoeDownCols];
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t c0 = blk * kMoeDownCols, cols = std::min(kMoeDownCols, H - c0);
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t c = 0; c < kMoeDownCols; ++c) acc[t][c] = 0.f;
+      auto row = [&](int64_t u, int64_t c) { return wd + static_cast<int64_t>(experts[u]) * H * Fz + (c0 + c) * Fz; };
+      for (int64_t u = 0; u < used; ++u) {
+        const A* hu = ha + u * kT * kpf;
+        with_decode_rows(count[u], [&](auto mr) {
+          constexpr int MR = decltype(mr)::value;
           for (int64_t c = 0; c < cols; c += 2) {
             const int nb = static_cast<int>(std::min<int64_t>(2, cols - c));
             if (c + 2 >= cols && u + 1 < used) prefetch_row(row(u + 1, 0), 2 * Fz);  // the next expert's run
             float y[MR][2];
             Rows::template dot2<MR>(hu, kpf, row(u, c), Fz, Fz, nb, y);
-            for (int r = 0; r < MR; ++r)
-              if (chosen[u * tokens + r])
-                for (int j = 0; j < nb; ++j) acc[r][c + j] += share[u * tokens + r] * y[r][j];
+            for (int r = 0; r < MR; ++r) {
+              float* dst = acc[token_of[u * kT + r]] + c;
+              const float wr = share[u * kT + r];
+              for (int j = 0; j < nb; ++j) dst[j] += wr * y[r][j];
+            }
           }
-        }
-        const F scale = S::set1(a.scale);
-        for (int r = 0; r < MR; ++r)
-          for (int64_t c = 0; c < cols; c += W) storec(out + r * H + c0 + c, S::mul(scale, loadc(acc[r] + c, cols - c)), cols - c);
+        });
       }
-    });
+      const F scale = S::set1(a.scale);
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t c = 0; c < cols; c += W) storec(out + t * H + c0 + c, S::mul(scale, loadc(acc[t] + c, cols - c)), cols - c);
+    }
   });
 }
 
