@@ -204,9 +204,15 @@ MALFORMED = [
     (("signature", "params", "x"), {"type": "int"}, "signature.params.x", "name of an input"),
     (
         ("signature", "outputs", "output", "dtype"),
-        "float16",
+        "float16 | float32",
         "signature.outputs.output.dtype",
-        "same_as",
+        "same_as(<input>) or one dtype name",
+    ),
+    (
+        ("signature", "outputs", "output", "dtype"),
+        "float64",
+        "signature.outputs.output.dtype",
+        "unknown dtype 'float64'",
     ),
     (("signature", "shape_rules"), ["weight.shape =="], "signature.shape_rules[0]", "syntax"),
     (
@@ -267,6 +273,22 @@ def test_a_malformed_entry_raises_a_manifest_error_naming_file_entry_and_field(
 def test_the_unmutated_toy_entry_loads(tmp_path: Path) -> None:
     entries = _load_from([_write(tmp_path, TOY)])
     assert entries["ToyOp"].params[0].default == 1e-6
+
+
+def test_an_output_of_a_fixed_dtype_keeps_it_whatever_the_inputs_dtype(tmp_path: Path) -> None:
+    data = copy.deepcopy(TOY)
+    data["ToyOp"]["signature"]["outputs"] = {
+        "output": {"dtype": "same_as(x)", "shape": "x.shape"},
+        "ids": {"dtype": "int32", "shape": "(x.shape[0], 2)"},
+        "scores": {"dtype": "float32", "shape": "x.shape[:1]"},
+    }
+    entry = _load_from([_write(tmp_path, data)])["ToyOp"]
+    assert [(o.dtype_from, o.dtype) for o in entry.outputs] == [
+        ("x", None), (None, torch.int32), (None, F32),
+    ]
+    for dtype in (F16, BF16):
+        meta = entry.output_meta(specs(entry, {"x": (4, 8), "weight": (8,)}, dtype), {"eps": 1e-6})
+        assert meta == [(dtype, (4, 8)), (torch.int32, (4, 2)), (F32, (4,))]
 
 
 def test_yaml_that_does_not_parse_names_the_file(tmp_path: Path) -> None:

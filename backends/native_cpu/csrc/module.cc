@@ -104,6 +104,7 @@ NB_MODULE(_C, m) {
   bind_attention(m);
   bind_elementwise(m);
   bind_gemm(m);
+  bind_moe(m);
   bind_norm(m);
   bind_reduction(m);
   bind_probe(m);

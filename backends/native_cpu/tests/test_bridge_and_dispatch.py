@@ -105,6 +105,14 @@ SMOKE = textwrap.dedent(
         ref = F.scaled_dot_product_attention(qd.float()[:, :, None], kd.float().transpose(1, 2).repeat_interleave(4, 1),
                                              vd.float().transpose(1, 2).repeat_interleave(4, 1))[:, :, 0]
         close(run(b.build_gqa_decode, qd, kd, vd), ref.to(dt), scale=3)
+    from test_moe import moe_inputs, moe_loop, moe_params
+    for dt in (torch.float16, torch.bfloat16):
+        for t in (2, 9):  # the MoE block's decode and prefill paths, H and F off the vector width
+            x, g, wgu, wd = moe_inputs(t, 8, 37, 24, dt)
+            out = run(b.build_fused_moe, x, g, wgu, wd, None, **moe_params(8, 2, 37, 24, t))
+            torch.testing.assert_close(out.float(), moe_loop(x, g, wgu, wd, top_k=2), rtol=2e-2, atol=2e-2)
+    _, ids = run(b.build_fused_topk, torch.tensor([[1.0, 3.0, 3.0, 0.0]]), None, top_k=2)
+    assert ids.tolist() == [[1, 2]]
     print("ok")
     """
 )

@@ -30,7 +30,8 @@ class InputDecl:
 @dataclass(frozen=True)
 class OutputDecl:
     name: str
-    dtype_from: str  # the input whose dtype the output takes (manifest: same_as(<input>))
+    dtype_from: str | None  # the input whose dtype the output takes (manifest: same_as(<input>))
+    dtype: torch.dtype | None  # or a fixed dtype (manifest: a dtype name); exactly one is set
     shape: Expr
 
 
@@ -249,6 +250,10 @@ class OpEntry:
                 raise ManifestError(
                     self.source, self.name, field, f"gave {value!r}, not a sequence of ints"
                 ) from None
+            if out.dtype is not None:
+                meta.append((out.dtype, shape))
+                continue
+            assert out.dtype_from is not None
             view = views[out.dtype_from]
             assert view is not None
             meta.append((view.dtype, shape))

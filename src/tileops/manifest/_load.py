@@ -325,17 +325,28 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
         spec = ctx.mapping(spec, f)
         ctx.keys(spec, f, _OUTPUT_KEYS)
         try:
-            _, same_as = parse_dtype_rule(spec["dtype"])
+            fixed, same_as = parse_dtype_rule(spec["dtype"])
         except TypeSyntaxError as exc:
             raise ctx.error(f"{f}.dtype", str(exc)) from None
         if same_as is None:
-            raise ctx.error(f"{f}.dtype", "an output's dtype must be same_as(<input>)")
-        if same_as not in input_names:
+            assert fixed is not None
+            if len(fixed) != 1:
+                raise ctx.error(
+                    f"{f}.dtype",
+                    "an output's dtype must be same_as(<input>) or one dtype name "
+                    f"(an output has one dtype), got {spec['dtype']!r}",
+                )
+        elif same_as not in input_names:
             raise ctx.error(f"{f}.dtype", f"same_as({same_as}) names no input")
-        if next(i for i in inputs if i.name == same_as).optional:
+        elif next(i for i in inputs if i.name == same_as).optional:
             raise ctx.error(f"{f}.dtype", f"same_as({same_as}) names an optional input")
         outputs.append(
-            OutputDecl(oname, same_as, ctx.expr(spec["shape"], f"{f}.shape", names, names))
+            OutputDecl(
+                oname,
+                same_as,
+                None if fixed is None else fixed[0],
+                ctx.expr(spec["shape"], f"{f}.shape", names, names),
+            )
         )
 
     roof = ctx.mapping(raw["roofline"], "roofline", empty_ok=False)

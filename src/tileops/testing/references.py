@@ -494,6 +494,70 @@ def _sliding_window_varlen() -> Callable[..., RefResult]:
     return ref
 
 
+def route_tokens(
+    gating_output: Tensor, correction_bias: Tensor | None, *, top_k: int, scoring_func: str, renormalize: bool
+) -> tuple[Tensor, Tensor]:
+    """The MoE routing rule (src/tileops/manifest/moe.yaml): (weights float32 [T, K], ids
+    int64 [T, K]), largest selection value first, a tie going to the lower expert id.
+
+    Scores are softmax (over the experts, in float32) or sigmoid of the logits. Selection
+    is on the logits themselves where no bias is given (both scores are monotonic in
+    them, so the experts are the same, and equal logits are the only ties), else on
+    sigmoid + bias; the weights are the unbiased scores."""
+    logits = gating_output.float()
+    scores = logits.softmax(dim=-1) if scoring_func == "softmax" else logits.sigmoid()
+    select = logits if correction_bias is None else scores + correction_bias.float()
+    # a stable sort keeps equal values in index order: ties go to the lower id
+    ids = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def _fused_topk() -> Callable[..., RefResult]:
+    def ref(
+        gating_output: Tensor, correction_bias: Tensor | None, *, top_k: int, scoring_func: str, renormalize: bool,
+        **_sizes: Any,
+    ) -> tuple[Tensor, Tensor]:
+        weights, ids = route_tokens(
+            gating_output, correction_bias, top_k=top_k, scoring_func=scoring_func, renormalize=renormalize
+        )
+        return weights, ids.to(torch.int32)
+
+    return ref
+
+
+_MOE_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"silu_and_mul": F.silu, "gelu_and_mul": F.gelu}
+
+
+def _fused_moe() -> Callable[..., RefResult]:
+    """An eager loop over the experts, all in float32, rounded once. Each expert runs on
+    every token and is weighted by what each token gives it (0 where it was not chosen):
+    no data-dependent indexing, so the same code runs on meta tensors."""
+
+    def ref(
+        hidden_states: Tensor, gating_output: Tensor, w_gate_up: Tensor, w_down: Tensor,
+        correction_bias: Tensor | None, *, top_k: int, ffn_size: int, scoring_func: str, renormalize: bool,
+        routed_scaling_factor: float, activation: str, **_sizes: Any,
+    ) -> Tensor:
+        weights, ids = route_tokens(
+            gating_output, correction_bias, top_k=top_k, scoring_func=scoring_func, renormalize=renormalize
+        )
+        act = _MOE_ACTIVATIONS[activation]
+        x = _up(hidden_states)
+        assert x is not None
+        out = torch.zeros_like(x)
+        for expert in range(w_gate_up.shape[0]):
+            share = (weights * (ids == expert)).sum(dim=-1, keepdim=True)  # [T, 1]
+            gate_up = x @ _up(w_gate_up[expert]).T  # type: ignore[union-attr]
+            h = act(gate_up[:, :ffn_size]) * gate_up[:, ffn_size:]
+            out = out + share * (h @ _up(w_down[expert]).T)  # type: ignore[union-attr]
+        return _down(out * routed_scaling_factor, hidden_states)
+
+    return ref
+
+
 def _api_call(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
     """The default: inputs positionally, the manifest params by name, in float32."""
 
@@ -537,6 +601,8 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp": _paged_decode,
     "GroupedQueryAttentionSlidingWindowFwdOp": _sliding_window,
     "GroupedQueryAttentionSlidingWindowVarlenFwdOp": _sliding_window_varlen,
+    "FusedTopKOp": _fused_topk,
+    "FusedMoeFwdOp": _fused_moe,
 }
 
 

@@ -77,6 +77,7 @@ PyObject* shape_error(const Kernel& k, const char* message, const TensorView& v,
 void bind_attention(nb::module_& m);
 void bind_elementwise(nb::module_& m);
 void bind_gemm(nb::module_& m);
+void bind_moe(nb::module_& m);
 void bind_norm(nb::module_& m);
 void bind_reduction(nb::module_& m);
 void bind_probe(nb::module_& m);

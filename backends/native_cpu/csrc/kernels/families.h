@@ -14,6 +14,7 @@
 #include "kernels/gemm_skinny.h"
 #include "kernels/gemm.h"
 #include "kernels/attention.h"
+#include "kernels/moe.h"
 #include "kernels/probe.h"
 
 inline void register_families(tnc::KernelTable& t) {
@@ -24,5 +25,6 @@ inline void register_families(tnc::KernelTable& t) {
   register_rope(t);
   register_gemm(t);
   register_attention(t);
+  register_moe(t);
   register_probe(t);
 }

@@ -223,27 +223,52 @@ void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t l
 // hardware prefetcher follows at full speed. Blocks of several rows read at once (the
 // path for m > 1) are as many short streams, and reached about half the read bandwidth
 // from memory at K = 1024 (in cache the two run alike).
-inline void gemv_bf16_nt(const uint16_t* __restrict a, const uint16_t* __restrict b, int64_t ldb, int64_t k, bf16_t* d, int64_t j0,
-                         int64_t j1) {
+// The dots of one row of B with MR rows of A (each zero-padded to a multiple of 32, kp
+// apart), eight accumulators along K in all (C per A row; six for MR = 3): the row is read
+// once, as one forward stream. The GEMV's row (MR = 1), and the MoE decode path's
+// (kernels/moe_avx512_bf16.h) for up to 4 tokens.
+template <int MR>
+inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k, float out[MR]) {
+  constexpr int C = MR == 1 ? 8 : MR == 2 ? 4 : 2;
   const int64_t k32 = k / 32 * 32;
   const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (k - k32)) - 1);
+  __m512 acc[MR][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t kk = 0;
+  for (; kk + 32 * C <= k32; kk += 32 * C)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk + 32 * c);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk + 32 * c), bv);
+    }
+  for (int c = 0; kk < k32; kk += 32, ++c) {
+    const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk);
+    for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk), bv);
+  }
+  if (kk < k) {  // a is zero-padded to a multiple of 32
+    const __m512bh bv = (__m512bh)_mm512_maskz_loadu_epi16(tail, row + kk);
+    for (int r = 0; r < MR; ++r)
+      acc[r][C - 1] = _mm512_dpbf16_ps(acc[r][C - 1], (__m512bh)_mm512_loadu_si512(a + r * kp + kk), bv);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r) {
+    __m512 s = acc[r][0];
+#pragma GCC unroll 8
+    for (int c = 1; c < C; ++c) s = _mm512_add_ps(s, acc[r][c]);
+    out[r] = _mm512_reduce_add_ps(s);
+  }
+}
+
+inline void gemv_bf16_nt(const uint16_t* __restrict a, const uint16_t* __restrict b, int64_t ldb, int64_t k, bf16_t* d, int64_t j0,
+                         int64_t j1) {
   for (int64_t j = j0; j < j1; ++j) {
-    const uint16_t* row = b + j * ldb;
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (auto& v : acc) v = _mm512_setzero_ps();
-    int64_t kk = 0;
-    for (; kk + 256 <= k32; kk += 256)
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c)
-        acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk + 32 * c), (__m512bh)_mm512_loadu_si512(row + kk + 32 * c));
-    for (int c = 0; kk < k32; kk += 32, ++c)
-      acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_loadu_si512(row + kk));
-    if (kk < k)  // a is zero-padded to a multiple of 32
-      acc[7] = _mm512_dpbf16_ps(acc[7], (__m512bh)_mm512_loadu_si512(a + kk), (__m512bh)_mm512_maskz_loadu_epi16(tail, row + kk));
-    const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
-                                   _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
-    d[j] = tnc::from_float<bf16_t>(_mm512_reduce_add_ps(s));
+    float dot[1];
+    dot_bf16_nt_rows<1>(a, 0, b + j * ldb, k, dot);
+    d[j] = tnc::from_float<bf16_t>(dot[0]);
   }
 }
 

@@ -18,6 +18,7 @@
 #include "kernels/attention_args.h"
 #include "kernels/elementwise_args.h"
 #include "kernels/gemm_args.h"
+#include "kernels/moe_args.h"
 #include "kernels/norm_args.h"
 #include "kernels/probe_args.h"
 #include "kernels/reduction_args.h"

@@ -42,6 +42,8 @@ from .factories import (
     clamp,
     fused_add_layer_norm,
     fused_add_rms_norm,
+    fused_moe,
+    fused_topk,
     gated,
     gemm,
     group_norm,
@@ -98,6 +100,8 @@ _TABLE: dict[str, Factory] = {
     "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp": attention(HALVES, form="paged_decode"),
     "GroupedQueryAttentionSlidingWindowFwdOp": attention(HALVES, form="prefill"),
     "GroupedQueryAttentionSlidingWindowVarlenFwdOp": attention(HALVES, form="varlen_window"),
+    "FusedTopKOp": fused_topk(FLOATS),
+    "FusedMoeFwdOp": fused_moe(HALVES),
 }
 
 
@@ -139,3 +143,5 @@ build_rope_neox = BUILDERS["RopeNeoxFwdOp"]
 build_rope_neox_position_ids = BUILDERS["RopeNeoxPositionIdsFwdOp"]
 build_gqa = BUILDERS["GroupedQueryAttentionFwdOp"]
 build_gqa_decode = BUILDERS["GroupedQueryAttentionDecodeWithKVCacheFwdOp"]
+build_fused_topk = BUILDERS["FusedTopKOp"]
+build_fused_moe = BUILDERS["FusedMoeFwdOp"]
