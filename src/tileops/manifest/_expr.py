@@ -122,6 +122,7 @@ HELPERS: dict[str, Any] = {
     "set": set,
     "sorted": sorted,
     "sum": sum,
+    "isfinite": math.isfinite,
 }
 
 # An empty __builtins__ stops eval from inserting the real builtins module.
