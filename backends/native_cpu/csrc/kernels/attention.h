@@ -27,10 +27,21 @@ inline KeySpan visible_keys(const tnc::AttentionArgs& a, int64_t b, int64_t i) {
   return {lo, std::max(lo, hi)};
 }
 
-inline int64_t kv_row(const tnc::AttentionArgs& a, int64_t b, int64_t t) {
-  if (a.block_table == nullptr) return a.kv_begin[b] + t;
-  const int64_t page = a.block_table[b * a.table_stride + t / a.page_size];
-  return page * a.page_size + t % a.page_size;
+// The k / v rows of positions t0 .. t0 + n - 1 of request b: consecutive within a page, so
+// a paged cache costs one table read and one division per page, not per key.
+inline void key_rows(const tnc::AttentionArgs& a, int64_t b, int64_t t0, int64_t n, int64_t* rows) {
+  if (a.block_table == nullptr) {
+    const int64_t first = a.kv_begin[b] + t0;
+    for (int64_t j = 0; j < n; ++j) rows[j] = first + j;
+    return;
+  }
+  for (int64_t j = 0, t = t0; j < n;) {
+    const int64_t page = a.block_table[b * a.table_stride + t / a.page_size], at = t % a.page_size;
+    const int64_t run = std::min(n - j, a.page_size - at);
+    for (int64_t i = 0; i < run; ++i) rows[j + i] = page * a.page_size + at + i;
+    j += run;
+    t += run;
+  }
 }
 
 // cap * tanh(s / cap), as 1 - 2 / (e^(2 s / cap) + 1): exact enough at the ends (vexp
@@ -87,6 +98,8 @@ void attention(const tnc::AttentionArgs& a, int threads) {
       const int64_t kv_lo = visible_keys(a, b, q0).lo, kv_hi = visible_keys(a, b, q0 + bq - 1).hi;
       for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kAttnBK) {
         const int64_t bk = std::min(kAttnBK, kv_hi - k0);
+        int64_t rows_k[kAttnBK];
+        key_rows(a, b, k0, bk, rows_k);
         for (int64_t j = 0; j < kAttnBK; ++j) {
           float* vdst = V + j * Dp;
           if (j >= bk) {
@@ -94,7 +107,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
             for (int64_t d = 0; d < Dp; ++d) vdst[d] = 0.f;
             continue;
           }
-          const int64_t tok = kv_row(a, b, k0 + j) * kv_tok + hkv * D;
+          const int64_t tok = rows_k[j] * kv_tok + hkv * D;
           const T* ks = static_cast<const T*>(a.k) + tok;
           const T* vs = static_cast<const T*>(a.v) + tok;
           for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = tnc::to_float(ks[d]);
@@ -248,13 +261,12 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
         l[h] = 0.f;
       }
       int64_t row[W] = {}, next_row[W] = {};  // cache rows of this block's and the next block's keys
-      const int nb0 = static_cast<int>(std::min<int64_t>(W, n1 - n0));
-      for (int j = 0; j < nb0; ++j) next_row[j] = kv_row(a, b, n0 + j);
+      key_rows(a, b, n0, std::min<int64_t>(W, n1 - n0), next_row);
       for (int64_t k0 = n0; k0 < n1; k0 += W) {
         const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
         const int nb = static_cast<int>(std::clamp<int64_t>(n1 - k0 - W, 0, W));
         for (int j = 0; j < bk; ++j) row[j] = next_row[j];
-        for (int j = 0; j < nb; ++j) next_row[j] = kv_row(a, b, k0 + W + j);
+        key_rows(a, b, k0 + W, nb, next_row);
         if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
           for (int64_t i = 0; i < G * W * W; ++i) Acc[i] = 0.f;
         for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv) {
