@@ -224,7 +224,10 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         window = getattr(module, "sliding_window", None)
         if window is None and type(module).__name__ == "MistralAttention":
             window = getattr(config, "sliding_window", None)
-        softcap = getattr(module, "attn_logit_softcapping", None)
+        # None of the served architectures' attention applies a logit softcap in transformers
+        # (Gemma 3 keeps attn_logit_softcapping in its config but never passes it), so neither
+        # does ours; tileops_attention honours softcap= for a caller that passes one.
+        softcap = None
         qk_norm = hasattr(module, "q_norm")
         staged.append((name, module, dict(
             rope=rope, window=window, softcap=softcap, scaling=module.scaling, qk_norm=qk_norm,
