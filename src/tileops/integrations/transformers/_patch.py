@@ -268,7 +268,8 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     if dtype not in _HALF:
         raise UnsupportedModelError(
             f"tileops cannot serve {arch} in {dtype}: tileops' GEMM and attention kernels serve float16 and bfloat16; "
-            "load the model with torch_dtype=torch.bfloat16 (or call model.to(torch.bfloat16))")
+            "load the model with torch_dtype=torch.bfloat16 (dtype= in transformers 5), or call "
+            "model.to(torch.bfloat16)")
     if getattr(model, "_tileops_enabled", False):
         raise UnsupportedModelError(f"{arch} is already enabled (tileops.integrations.transformers.disable(model) first)")
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
