@@ -34,20 +34,20 @@ COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_
 def _config(arch: str, **extra):
     c = transformers
     if arch == "llama":
-        return c.LlamaConfig(**COMMON, **extra)
+        return c.LlamaConfig(**{**COMMON, **extra})
     if arch == "llama31":  # llama3 RoPE scaling
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-        return c.LlamaConfig(**COMMON, rope_parameters=rope, **extra)
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": rope, **extra})
     if arch == "mistral":  # a window shorter than the prompts
-        return c.MistralConfig(**COMMON, **{"sliding_window": 8, **extra})
+        return c.MistralConfig(**{**COMMON, "sliding_window": 8, **extra})
     if arch == "qwen2":  # q/k/v biases
-        return c.Qwen2Config(**COMMON, **extra)
+        return c.Qwen2Config(**{**COMMON, **extra})
     if arch == "qwen3":  # q/k norm
-        return c.Qwen3Config(**COMMON, **extra)
+        return c.Qwen3Config(**{**COMMON, **extra})
     if arch == "gemma3":  # local (window 8, theta 1e4) and global (theta 1e6) layers, 1 + w norms, scale
-        return c.Gemma3TextConfig(**COMMON, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                                  query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", **extra)
+        return c.Gemma3TextConfig(**{**COMMON, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                                     "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh", **extra})
     raise KeyError(arch)
 
 
@@ -84,14 +84,14 @@ def _cache_kw(model) -> str:
 
 
 @torch.no_grad()
-def _teacher_forced(model, ids, mask, tokens=None):
-    """Prefill logits [B, S, V], then STEPS decode steps feeding `tokens` [B, STEPS] (the
-    reference's greedy tokens when None): returns (prefill, [STEPS, B, V], tokens)."""
+def _teacher_forced(model, ids, mask, tokens=None, steps=STEPS):
+    """Prefill logits [B, S, V], then `steps` decode steps feeding `tokens` [B, steps] (the
+    reference's greedy tokens when None): returns (prefill, [steps, B, V], tokens)."""
     out = model(input_ids=ids, attention_mask=mask, use_cache=True)
     prefill, cache, step_logits = out.logits, _cache(out), []
     last = prefill[:, -1]
     fed = []
-    for t in range(STEPS):
+    for t in range(steps):
         nxt = last.argmax(-1) if tokens is None else tokens[:, t]
         fed.append(nxt)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -201,6 +201,22 @@ def test_a_prompt_longer_than_the_window_decodes_with_the_window():
     assert (ref_nowin - ref_steps).abs().max() > 0.1  # the window matters on this prompt
     hf.enable(model, target=TARGET)
     _close(_teacher_forced(model, ids, mask, tokens)[1], ref_steps, torch.bfloat16, "windowed decode")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arch):
+    """300 tokens (19 pages of 16), 37 of them padding in row 0, then 40 steps: the pool
+    made at prefill runs out and is doubled mid-decode."""
+    model = _model(arch, max_position_embeddings=512)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 128, (2, 300), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :37] = 0
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=40)
+    hf.enable(model, target=TARGET)
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=40)
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} long prefill")
+    _close(steps, ref_steps, torch.bfloat16, f"{arch} decode after growth")
 
 
 # ---- refusals ------------------------------------------------------------------------
