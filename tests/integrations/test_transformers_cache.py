@@ -8,9 +8,11 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install tileops[transformers])")
 from tileops.integrations.transformers import TileopsCache  # noqa: E402
+from tileops.integrations.transformers import _cache as cache_module  # noqa: E402
 
 
-def test_a_layer_grows_its_pool_and_keeps_every_token_in_order():
+def test_a_layer_grows_its_pool_and_keeps_every_token_in_order(monkeypatch):
+    monkeypatch.setattr(cache_module, "MIN_DECODE_ROOM", 8)
     cache = TileopsCache(num_layers=1)
     layer = cache.layers[0]
     k = torch.randn(2 * 5, 2, 8).bfloat16()

@@ -204,9 +204,10 @@ def test_a_prompt_longer_than_the_window_decodes_with_the_window():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arch):
+def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arch, monkeypatch):
     """300 tokens (19 pages of 16), 37 of them padding in row 0, then 40 steps: the pool
-    made at prefill runs out and is doubled mid-decode."""
+    made at prefill (room for 16 more tokens here) runs out and is doubled mid-decode."""
+    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
     model = _model(arch, max_position_embeddings=512)
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(1, 128, (2, 300), generator=gen)
@@ -214,9 +215,20 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
     mask[0, :37] = 0
     ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=40)
     hf.enable(model, target=TARGET)
+    grown = []
+    monkeypatch.setattr(hf.TileopsCacheLayer, "_grow", _spy(hf.TileopsCacheLayer._grow, grown))
     prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=40)
+    assert len(grown) == model.config.num_hidden_layers  # once per layer
     _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} long prefill")
     _close(steps, ref_steps, torch.bfloat16, f"{arch} decode after growth")
+
+
+def _spy(method, calls):
+    def spied(self, *args):
+        calls.append(args)
+        return method(self, *args)
+
+    return spied
 
 
 # ---- refusals ------------------------------------------------------------------------

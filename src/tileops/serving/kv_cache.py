@@ -148,14 +148,15 @@ class PagedKVCache:
 
     def grow(self, num_pages: int) -> None:
         """Enlarges the pool to ``num_pages`` pages (one copy of K and V). Page ids, block
-        tables and lengths stay valid; the new pages join the free list after the old."""
+        tables and lengths stay valid; the new pages join the free list after the old, their
+        contents unspecified (no op reads a position before it is written)."""
         num_pages = _positive_int("num_pages", num_pages)
         if num_pages < self.num_pages:
             raise ValueError(f"PagedKVCache.grow: {num_pages} pages is fewer than the {self.num_pages} held")
         shape = (num_pages * self.page_size, self.heads_kv, self.head_dim)
         for name in ("k_pages", "v_pages"):
             old = getattr(self, name)
-            new = torch.zeros(shape, dtype=old.dtype, device=old.device)
+            new = torch.empty(shape, dtype=old.dtype, device=old.device)
             new[: old.shape[0]].copy_(old)
             setattr(self, name, new)
         # Handed out lowest first: the old free pages, then the new ones.

@@ -18,11 +18,12 @@ from tileops.serving import PagedKVCache
 __all__ = ["TileopsCache", "TileopsCacheLayer"]
 
 PAGE_SIZE = 16
+MIN_DECODE_ROOM = 256  # tokens per sequence the first pool holds past its prompt
 
 
 class TileopsCacheLayer(CacheLayerMixin):
-    """One layer's paged K/V. The pool is made at the first append, sized for the tokens
-    seen so far, and doubled (one copy) when it runs out."""
+    """One layer's paged K/V. The pool is made at the first append, sized for the prompt
+    plus MIN_DECODE_ROOM tokens per sequence, and doubled (one copy) when it runs out."""
 
     is_compileable = False
     is_sliding = False
@@ -93,7 +94,8 @@ class TileopsCacheLayer(CacheLayerMixin):
         return self._table
 
     def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
-        pages = batch * (-(-max(longest, 1) // self.page_size) + 1)
+        # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.
+        pages = batch * -(-(max(longest, 1) + MIN_DECODE_ROOM) // self.page_size)
         self.paged = PagedKVCache(pages, self.page_size, k.shape[1], k.shape[2], dtype=k.dtype, device=k.device,
                                   max_pages_per_seq=1 << 20)
         self.seqs = [self.paged.add_sequence() for _ in range(batch)]
