@@ -288,3 +288,13 @@ def test_right_padding_is_refused_at_the_call_not_served_wrong():
     mask[1, -3:] = 0
     with pytest.raises(ValueError, match="left padding only"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
+
+
+def test_the_attention_name_alone_is_refused_on_a_model_enable_did_not_patch():
+    model = _model("llama")
+    hf.enable(_model("llama"), target=TARGET)  # registers "tileops" with transformers
+    model.config._attn_implementation = hf.ATTENTION_NAME
+    ids, mask = _prompt(False)
+    with pytest.raises(RuntimeError, match="call enable"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+

@@ -75,7 +75,13 @@ def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     (this step's tokens; the cache is ``tileops_cache``) -> ([B, S, H, D], None)."""
     if dropout:
         raise ValueError("tileops attention is inference only: dropout must be 0 (call model.eval())")
-    state = module._tileops
+    state = module.__dict__.get("_tileops")
+    if state is None:
+        raise RuntimeError(
+            f"attention implementation '{NAME}' runs on modules that tileops.integrations.transformers."
+            f"enable(model) patched; {type(module).__name__} was not (call enable(model) instead of "
+            "setting the attention implementation by hand)"
+        )
     batch, heads, q_len, dim = query.shape
     heads_kv = key.shape[1]
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]
