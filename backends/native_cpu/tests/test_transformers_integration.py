@@ -298,3 +298,16 @@ def test_the_attention_name_alone_is_refused_on_a_model_enable_did_not_patch():
     with pytest.raises(RuntimeError, match="call enable"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask, use_cache=False)
 
+
+
+def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache():
+    """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops."""
+    model = _model("qwen3", num_hidden_layers=1)
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(True)
+    compiled = torch.compile(model)
+    with torch.no_grad():
+        for use_cache in (False, True):
+            want = model(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
+            got = compiled(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
+            assert torch.equal(got[mask.bool()], want[mask.bool()])
