@@ -39,6 +39,10 @@ def _config(arch: str, **extra):
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
         return c.LlamaConfig(**{**COMMON, "rope_parameters": rope, **extra})
+    if arch == "llama_yarn":  # YaRN RoPE scaling, with its own betas and attention factor
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3}
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": rope, **extra})
     if arch == "mistral":  # a window shorter than the prompts
         return c.MistralConfig(**{**COMMON, "sliding_window": 8, **extra})
     if arch == "qwen2":  # q/k/v biases
@@ -51,7 +55,7 @@ def _config(arch: str, **extra):
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "llama31", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3"]
 
 
 def _model(arch: str, dtype: torch.dtype = torch.bfloat16, **extra):
@@ -269,6 +273,13 @@ def test_an_unserved_rope_scaling_is_refused_and_keeps_attention_on_torch_when_n
         hf.enable(model, target=TARGET)
     report = hf.enable(model, target=TARGET, strict=False)
     assert report.count("attention") == 0 and model.config._attn_implementation != hf.ATTENTION_NAME
+
+
+def test_partial_rotary_is_refused_where_transformers_rotates_the_whole_head():
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    model = _model("qwen3", rope_parameters=rope)
+    with pytest.raises(hf.UnsupportedModelError, match=r"partial_rotary_factor=0.5"):
+        hf.enable(model, target=TARGET)
 
 
 def test_a_training_mode_model_and_a_second_enable_are_refused():

@@ -179,12 +179,14 @@ def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
         params = params[layer_type]
     rope_type = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
-    rotary_dim = int(module.head_dim * params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0) or 1.0))
-    common = dict(rotary_dim=rotary_dim, target=plan.target)
-    max_position = int(config.max_position_embeddings)
-    if rotary_dim % 2:
-        plan.refuse(name, "rotary embedding", f"rotary dim {rotary_dim} is odd")
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    if partial != 1.0:  # the served architectures' apply_rotary_pos_emb rotates the whole head
+        plan.refuse(name, "partial rotary embedding",
+                    f"rope_parameters partial_rotary_factor={partial}: transformers' {type(module).__name__} "
+                    "rotates the whole head")
         return None
+    common = dict(rotary_dim=module.head_dim, target=plan.target)
+    max_position = int(config.max_position_embeddings)
     if rope_type == "default":
         return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
     if rope_type == "llama3":
