@@ -322,3 +322,26 @@ def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache():
             want = model(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
             got = compiled(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
             assert torch.equal(got[mask.bool()], want[mask.bool()])
+
+
+def test_generate_with_a_cache_of_ours_or_without_a_cache_gives_the_same_tokens():
+    model = _model("gemma3")
+    ids, mask = _prompt(True)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    hf.enable(model, target=TARGET)
+    with torch.no_grad():
+        made = model.generate(ids, **kw)
+        passed = model.generate(ids, past_key_values=hf.TileopsCache(config=model.config), **kw)
+        uncached = model.generate(ids, use_cache=False, **kw)
+    assert torch.equal(made, passed) and torch.equal(made, uncached)
+
+
+def test_a_cache_of_another_class_with_tokens_in_it_is_refused():
+    model = _model("llama")
+    ids, mask = _prompt(False)
+    with torch.no_grad():
+        dynamic = _cache(model(input_ids=ids, attention_mask=mask, use_cache=True))
+        hf.enable(model, target=TARGET)
+        with pytest.raises(TypeError, match="reads a TileopsCache, got DynamicCache"):
+            model(input_ids=ids[:, :1], attention_mask=torch.cat([mask, mask[:, :1]], 1), use_cache=True,
+                  **{_cache_kw(model): dynamic})
