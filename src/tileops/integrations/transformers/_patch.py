@@ -13,6 +13,7 @@ report. Nothing is guessed.
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
 from dataclasses import dataclass, field
@@ -126,14 +127,15 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
 def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
     """The base model's forward, making a TileopsCache where transformers would make a
     DynamicCache (and replacing an empty one that ``generate`` made)."""
-    key = "cache" if "cache" in kwargs or "past_key_values" not in kwargs else "past_key_values"
-    cache = kwargs.get(key)
+    st = self._tileops
+    cache = kwargs.pop("cache", None)
+    cache = kwargs.pop("past_key_values", None) if cache is None else cache
     use_cache = kwargs.get("use_cache")
     use_cache = self.config.use_cache if use_cache is None else use_cache
     if cache is None and use_cache or cache is not None and not isinstance(cache, TileopsCache) and _empty(cache):
-        kwargs.pop("past_key_values", None)
-        kwargs["cache"] = TileopsCache(config=self.config)
-    return self._tileops.forward(*args, **kwargs)
+        cache = TileopsCache(config=self.config)
+    kwargs[st.cache_kw] = cache
+    return st.forward(*args, **kwargs)
 
 
 def _empty(cache: Any) -> bool:
@@ -324,7 +326,9 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
     if plan.report.count("attention"):
         model.config._attn_implementation = _attention.NAME
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward)
+        # transformers 5.24 renamed the forward's past_key_values to cache
+        cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw)
         base.forward = types.MethodType(_base_model_forward, base)
         saved["base"] = base
     model._tileops_enabled = saved
