@@ -219,3 +219,22 @@ def test_advance_records_tokens_an_op_wrote_into_reserved_pages():
     with pytest.raises(ValueError, match="room for 2 more tokens"):
         cache.advance(s, [3])
     assert cache.seqlen(s) == 6
+
+
+def test_grow_keeps_every_sequence_and_hands_out_the_new_pages_after_the_old():
+    c = cache(num_pages=2, page_size=4, max_pages_per_seq=8)
+    a, b = c.add_sequence(), c.add_sequence()
+    k, v = tokens(6)
+    c.append([a, b], k, v, counts=[3, 3])
+    table = c.block_table([a, b])
+    with pytest.raises(RuntimeError, match="exhausted"):
+        c.append([a], *tokens(8))
+    c.grow(5)
+    assert c.num_pages == 5 and c.num_free_pages == 3 and c.k_pages.shape[0] == 20
+    assert torch.equal(c.block_table([a, b]), table)
+    assert torch.equal(c.gather(a)[0], k[:3]) and torch.equal(c.gather(b)[1], v[3:])
+    more = tokens(2)
+    c.append([a], *more)  # a's last page has room for one; the next page is the first new one
+    assert c.pages(a) == (0, 2) and torch.equal(c.gather(a)[0], torch.cat([k[:3], more[0]]))
+    with pytest.raises(ValueError, match="fewer"):
+        c.grow(4)

@@ -146,6 +146,23 @@ class PagedKVCache:
         for seq_id, n in zip(ids, per_seq):
             self._lengths[seq_id] += n
 
+    def grow(self, num_pages: int) -> None:
+        """Enlarges the pool to ``num_pages`` pages (one copy of K and V). Page ids, block
+        tables and lengths stay valid; the new pages join the free list after the old, their
+        contents unspecified (no op reads a position before it is written)."""
+        num_pages = _positive_int("num_pages", num_pages)
+        if num_pages < self.num_pages:
+            raise ValueError(f"PagedKVCache.grow: {num_pages} pages is fewer than the {self.num_pages} held")
+        shape = (num_pages * self.page_size, self.heads_kv, self.head_dim)
+        for name in ("k_pages", "v_pages"):
+            old = getattr(self, name)
+            new = torch.empty(shape, dtype=old.dtype, device=old.device)
+            new[: old.shape[0]].copy_(old)
+            setattr(self, name, new)
+        # Handed out lowest first: the old free pages, then the new ones.
+        self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
+        self.num_pages = num_pages
+
     def _pages_needed(self, seq_id: int, n_tokens: int) -> int:
         total = -(-(self._lengths[seq_id] + n_tokens) // self.page_size)
         if total > self.max_pages_per_seq:

@@ -1,0 +1,138 @@
+"""Hugging Face generate on the CPU: HF eager, HF + torch.compile, HF + tileops native_cpu.
+
+    .venv-demo/bin/python benchmarks/hf_generate.py                 # all four workloads
+    .venv-demo/bin/python benchmarks/hf_generate.py --prompts 64 --batches 1 --new 32 --rounds 3
+    .venv-demo/bin/python benchmarks/hf_generate.py --compile       # adds HF + torch.compile
+
+Model (issue 12): a Llama config with vocab 32000, hidden 1024, 8 layers, 16 query heads,
+4 KV heads, head_dim 64, MLP 2816, untied head, bf16, random weights (no download). The
+same weights serve every system: the model as loaded (eager), and a copy of it with
+tileops.integrations.transformers.enable(copy, target="native_cpu"). The systems
+interleave A, B, B, A over the rounds and the figures are medians; round 0 warms up.
+
+Per workload (prompt length P, batch B), with greedy decoding:
+- prefill tok/s: B * P / the time of generate(max_new_tokens=1) (the prompt's forward);
+- decode tok/s: B / the time of one decode step (generate of `--new` tokens minus
+  generate of 1, over new - 1 steps);
+- the decode bandwidth limit: weight bytes read per step / the machine's measured read
+  bandwidth (native_cpu's probe), times B tokens per step; and the share of it reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+import warnings
+
+import torch
+import transformers
+
+from tileops.integrations.transformers import enable
+from tileops.testing.agreement import check_greedy_agreement
+
+TARGET = "native_cpu"
+CONFIG = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
+              head_dim=64, intermediate_size=2816, tie_word_embeddings=False, max_position_embeddings=4096)
+
+
+def read_bandwidth_gbs() -> float:
+    from tileops_native_cpu import builders  # noqa: PLC0415
+
+    return statistics.median(builders.native().probe_bandwidth("read", 256, torch.get_num_threads(), 5))
+
+
+def weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of weights a decode step reads: every parameter but the embedding table (one
+    row of it is read)."""
+    emb = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
+
+
+@torch.no_grad()
+def measure(model, ids, mask, new: int) -> tuple[float, float]:
+    """(prefill seconds, seconds per decode step): generate of 1 token (the prefill and
+    its sampling) and of `new` tokens; the decode steps are the difference."""
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, **kw)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+    total = time.perf_counter() - t0
+    return prefill, max(total - prefill, 1e-9) / (new - 1)
+
+
+def agreement(ref, got, prompt: int) -> str:
+    """The tests' rule (tileops.testing.agreement): tokens must agree while the reference's
+    top-2 margin exceeds the bf16 logits tolerance (0.004 + 2% of the largest logit)."""
+    logits = torch.stack(ref.logits)
+    tol = 0.004 + 0.02 * float(logits.float().abs().max())
+    ref_tokens, tokens = ref.sequences[:, prompt:], got.sequences[:, prompt:]
+    same = int((ref_tokens == tokens).all(dim=0).int().cumprod(0).sum())
+    try:
+        sure = check_greedy_agreement(logits, ref_tokens, tokens, tol)
+    except AssertionError as e:
+        return f"DISAGREE where the reference is sure: {e}"
+    return (f"the first {same} of {tokens.shape[1]} agree; the reference is sure for {min(sure)} steps "
+            f"(margin > {tol:.3f}): agree")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, nargs="+", default=[64, 512])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--new", type=int, default=64, help="tokens generated per run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="also HF + torch.compile (slow to compile)")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).eval()
+    params = sum(p.numel() for p in model.parameters())
+    step_bytes = weight_bytes_per_step(model)
+    bw = read_bandwidth_gbs()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
+          f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
+          f"read bandwidth {bw:.1f} GB/s -> batch-1 decode limit {bw * 1e9 / step_bytes:.1f} tok/s")
+
+    on_tileops = copy.deepcopy(model)
+    enable(on_tileops, target=TARGET)
+    systems = {"HF eager": model, "HF + tileops": on_tileops}
+    if args.compile:
+        systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
+    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'decode tok/s':>12} {'limit tok/s':>11} "
+          f"{'% of limit':>10}")
+    for prompt in args.prompts:
+        for batch in args.batches:
+            gen = torch.Generator().manual_seed(prompt + batch)
+            ids = torch.randint(1, CONFIG["vocab_size"], (batch, prompt), generator=gen)
+            mask = torch.ones_like(ids)
+            results: dict[str, list[tuple[float, float]]] = {n: [] for n in systems}
+            tokens: dict[str, torch.Tensor] = {}
+            for r in range(args.rounds + 1):  # round 0 warms up (kernels built, compile)
+                order = list(systems) if r % 2 == 0 else list(systems)[::-1]
+                for name in order:
+                    m = systems[name]
+                    res = measure(m, ids, mask, args.new)
+                    if r == 0:
+                        with torch.no_grad():
+                            tokens[name] = m.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                                                      pad_token_id=0, output_logits=True,
+                                                      return_dict_in_generate=True)
+                    else:
+                        results[name].append(res)
+            limit = bw * 1e9 / step_bytes * batch
+            for name in systems:
+                pre = statistics.median(batch * prompt / p for p, _ in results[name])
+                dec = statistics.median(batch / d for _, d in results[name])
+                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {dec:12.1f} {limit:11.1f} "
+                      f"{100 * dec / limit:9.1f}%", flush=True)
+            print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

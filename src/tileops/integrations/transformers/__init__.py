@@ -1,0 +1,69 @@
+"""Hugging Face transformers models on tileops ops (docs/transformers.md).
+
+    import torch
+    from tileops.integrations.transformers import AutoModelForCausalLM, enable, disable
+
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16)  # load + enable
+    print(model.tileops_report)
+    model.generate(**inputs)
+    disable(model)                                # exactly the model transformers loaded
+
+``enable(model, target=None, strict=True)`` patches one model instance: every
+``nn.Linear`` runs ``GemmFwdOp``, RMSNorms ``RMSNormFwdOp`` (Gemma's ``1 + w`` folded), the
+gated MLP ``SiluAndMulFwdOp`` / ``GeluTanhAndMulFwdOp``, RoPE the position-id RoPE ops,
+and attention the packed prefill and paged decode ops over a ``TileopsCache``, registered
+with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` as ``"tileops"``.
+What cannot be served exactly raises ``UnsupportedModelError`` (or, with
+``strict=False``, stays on torch and is listed in the report).
+
+Importing this module imports transformers; ``import tileops`` never does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._attention import NAME as ATTENTION_NAME
+from ._cache import TileopsCache, TileopsCacheLayer
+from ._patch import SUPPORTED_ARCHITECTURES, EnableReport, UnsupportedModelError, disable, enable
+
+__all__ = [
+    "ATTENTION_NAME",
+    "AutoModelForCausalLM",
+    "EnableReport",
+    "SUPPORTED_ARCHITECTURES",
+    "TileopsCache",
+    "TileopsCacheLayer",
+    "UnsupportedModelError",
+    "disable",
+    "enable",
+]
+
+
+class AutoModelForCausalLM:
+    """``transformers.AutoModelForCausalLM`` that enables tileops on what it loads.
+
+    ``from_pretrained(path, *, target=None, strict=True, **kwargs)`` loads with
+    transformers (``kwargs`` go to it; pass ``torch_dtype=torch.bfloat16``), puts the model
+    in eval mode, enables it and keeps the report as ``model.tileops_report``."""
+
+    def __init__(self) -> None:
+        raise TypeError("use AutoModelForCausalLM.from_pretrained(path, ...) or .from_config(config, ...)")
+
+    @classmethod
+    def from_pretrained(cls, path: Any, *args: Any, target: str | None = None, strict: bool = True, **kwargs: Any):
+        import transformers  # noqa: PLC0415
+
+        return _enabled(transformers.AutoModelForCausalLM.from_pretrained(path, *args, **kwargs), target, strict)
+
+    @classmethod
+    def from_config(cls, config: Any, *, target: str | None = None, strict: bool = True, **kwargs: Any):
+        import transformers  # noqa: PLC0415
+
+        return _enabled(transformers.AutoModelForCausalLM.from_config(config, **kwargs), target, strict)
+
+
+def _enabled(model: Any, target: str | None, strict: bool) -> Any:
+    model.eval()
+    model.tileops_report = enable(model, target=target, strict=strict)
+    return model

@@ -1,0 +1,349 @@
+"""enable / disable: tileops ops patched into a transformers model instance.
+
+Liger-Kernel style: each served module gets a per-instance ``forward`` (and a
+``_tileops`` attribute holding its ops); the class and its other instances are untouched.
+``disable`` deletes both, and restores the config's attention implementation and the base
+model's forward, so the model is exactly what it was.
+
+What is served is decided up front, from the config and the module types; anything that
+cannot be served exactly is refused (``UnsupportedModelError``, naming the module, the
+feature and the config value) or, with ``strict=False``, left on torch and listed in the
+report. Nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import _attention
+from ._cache import PAGE_SIZE, TileopsCache
+
+__all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+)
+# Architectures whose MoE blocks need ops tileops does not have yet.
+_MOE = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+_GATED_ACTS = {"silu": "SiluAndMulFwdOp", "gelu_pytorch_tanh": "GeluTanhAndMulFwdOp"}
+_RMSNORMS = {  # class name -> the weight is used as w (False) or as 1 + w (True)
+    "LlamaRMSNorm": False, "MistralRMSNorm": False, "Qwen2RMSNorm": False, "Qwen3RMSNorm": False,
+    "Gemma3RMSNorm": True,
+}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class UnsupportedModelError(ValueError):
+    """A model, module or config value tileops cannot serve exactly."""
+
+
+@dataclass
+class EnableReport:
+    """What ``enable`` replaced (module names per kind) and what stays on torch
+    (``(module, feature, why)``)."""
+
+    model: str
+    target: str | None
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+    on_torch: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return len(self.replaced.get(kind, ()))
+
+    def __str__(self) -> str:
+        lines = [f"tileops on {self.model} (target={self.target or 'default'}):"]
+        lines += [f"  {kind}: {len(names)} modules" for kind, names in self.replaced.items()]
+        lines += [f"  on torch: {m}: {feat} ({why})" for m, feat, why in self.on_torch]
+        return "\n".join(lines)
+
+
+# ---- the per-instance forwards ---------------------------------------------------------
+
+
+def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    st = self._tileops
+    y = st.gemm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight)
+    if self.bias is not None:
+        y = st.add(y, self.bias)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _rmsnorm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    st = self._tileops
+    weight = st.weight if st.weight is not None else self.weight
+    return st.norm(x.contiguous(), weight)
+
+
+def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    st = self._tileops
+    x2 = x.reshape(-1, x.shape[-1])
+    gate_up = torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1)  # [M, 2I]: gate | value
+    return self.down_proj(st.act(gate_up)).view(*x.shape[:-1], -1)
+
+
+def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                       attention_mask: Any = None, cache: Any = None, past_key_values: Any = None,
+                       position_ids: torch.Tensor | None = None, **kwargs: Any):
+    st = self._tileops
+    cache = cache if cache is not None else past_key_values
+    if cache is not None and not isinstance(cache, TileopsCache):
+        raise TypeError(
+            f"{st.name}: tileops attention reads a TileopsCache, got {type(cache).__name__} "
+            "(let the enabled model make its cache, or pass past_key_values=TileopsCache(config=model.config))"
+        )
+    batch, q_len, _ = hidden_states.shape
+    dim = self.head_dim
+    q = self.q_proj(hidden_states).view(batch * q_len, -1, dim)
+    k = self.k_proj(hidden_states).view(batch * q_len, -1, dim)
+    v = self.v_proj(hidden_states).view(batch, q_len, -1, dim)
+    if st.qk_norm:
+        q, k = self.q_norm(q), self.k_norm(k)
+    if position_ids is None:
+        raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
+    pos = position_ids.expand(batch, q_len).reshape(-1)
+    if q_len and int(pos.max()) >= st.max_position:
+        raise ValueError(f"{st.name}: position {int(pos.max())} is past max_position_embeddings={st.max_position}")
+    q, k = st.rope(q, pos), st.rope(k, pos)
+    heads, heads_kv = q.shape[1], k.shape[1]
+    out, _ = _attention.tileops_attention(
+        self, q.view(batch, q_len, heads, dim).transpose(1, 2), k.view(batch, q_len, heads_kv, dim).transpose(1, 2),
+        v.transpose(1, 2), attention_mask, scaling=st.scaling, sliding_window=st.window, softcap=st.softcap,
+        tileops_cache=cache,
+    )
+    return self.o_proj(out.reshape(batch, q_len, heads * dim)), None
+
+
+def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
+    """The base model's forward, making a TileopsCache where transformers would make a
+    DynamicCache (and replacing an empty one that ``generate`` made)."""
+    st = self._tileops
+    cache = kwargs.pop("cache", None)
+    cache = kwargs.pop("past_key_values", None) if cache is None else cache
+    use_cache = kwargs.get("use_cache")
+    use_cache = self.config.use_cache if use_cache is None else use_cache
+    if cache is None and use_cache or cache is not None and not isinstance(cache, TileopsCache) and _empty(cache):
+        cache = TileopsCache(config=self.config)
+    kwargs[st.cache_kw] = cache
+    return st.forward(*args, **kwargs)
+
+
+def _empty(cache: Any) -> bool:
+    try:
+        return cache.get_seq_length() == 0
+    except Exception:  # noqa: BLE001 - a cache we cannot ask is not ours to replace
+        return False
+
+
+# ---- what can be served ----------------------------------------------------------------
+
+
+class _Plan:
+    def __init__(self, model: nn.Module, strict: bool, target: str | None) -> None:
+        self.model, self.strict, self.target = model, strict, target
+        self.report = EnableReport(type(model).__name__, target)
+        self.patches: list[tuple[nn.Module, str, types.SimpleNamespace, Any]] = []
+
+    def refuse(self, module: str, feature: str, why: str) -> None:
+        if self.strict:
+            raise UnsupportedModelError(
+                f"tileops cannot serve {module}: {feature} ({why}); enable(model, strict=False) keeps it on torch"
+            )
+        self.report.on_torch.append((module, feature, why))
+
+    def add(self, kind: str, name: str, module: nn.Module, forward: Any, **state: Any) -> None:
+        self.patches.append((module, kind, types.SimpleNamespace(name=name, **state), forward))
+        self.report.replaced.setdefault(kind, []).append(name)
+
+
+def _ops():
+    from tileops import ops  # noqa: PLC0415 - the op catalog loads on first enable
+
+    return ops
+
+
+def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
+    """The position-id RoPE op for this attention module, or None (refused)."""
+    ops = _ops()
+    params = config.rope_parameters or {}
+    layer_type = getattr(module, "layer_type", None)
+    if "rope_type" not in params and layer_type in params:  # per layer type (Gemma 3)
+        params = params[layer_type]
+    rope_type = params.get("rope_type", "default")
+    base = float(params.get("rope_theta", 10000.0))
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    if partial != 1.0:  # the served architectures' apply_rotary_pos_emb rotates the whole head
+        plan.refuse(name, "partial rotary embedding",
+                    f"rope_parameters partial_rotary_factor={partial}: transformers' {type(module).__name__} "
+                    "rotates the whole head")
+        return None
+    common = dict(rotary_dim=module.head_dim, target=plan.target)
+    max_position = int(config.max_position_embeddings)
+    if rope_type == "default":
+        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
+    if rope_type == "llama3":
+        return ops.RopeLlama31PositionIdsFwdOp(
+            max_position, base, scale_factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position=int(params["original_max_position_embeddings"]), **common)
+    if rope_type == "yarn":
+        bad = [k for k in ("mscale", "mscale_all_dim") if params.get(k)]
+        if params.get("truncate", True) is False:
+            bad.append("truncate=False")
+        if bad or params.get("factor") is None:
+            plan.refuse(name, "YaRN rotary embedding", f"rope_parameters {bad or 'without factor'} not served")
+            return None
+        factor = float(params["factor"])
+        attn = params.get("attention_factor")
+        attn = 0.1 * math.log(factor) + 1.0 if attn is None else float(attn)
+        return ops.RopeYarnPositionIdsFwdOp(
+            max_position, base, scale=factor, original_max_position=int(params["original_max_position_embeddings"]),
+            beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+            attn_factor=attn, **common)
+    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} (served: default, llama3, yarn)")
+    return None
+
+
+def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
+    attentions = [(n, m) for n, m in model.named_modules() if n.endswith("self_attn")]
+    ops = _ops()
+    if getattr(config, "use_bidirectional_attention", False):
+        plan.refuse("attention", "bidirectional attention", "config use_bidirectional_attention=True")
+        return
+    staged = []
+    for name, module in attentions:
+        rope = _rope_op(config, module, name, plan)
+        if rope is None:
+            return  # every attention layer stays on torch: the config names one implementation
+        window = getattr(module, "sliding_window", None)
+        if window is None and type(module).__name__ == "MistralAttention":
+            window = getattr(config, "sliding_window", None)
+        # None of the served architectures' attention applies a logit softcap in transformers
+        # (Gemma 3 keeps attn_logit_softcapping in its config but never passes it), so neither
+        # does ours; tileops_attention honours softcap= for a caller that passes one.
+        softcap = None
+        qk_norm = hasattr(module, "q_norm")
+        staged.append((name, module, dict(
+            rope=rope, window=window, softcap=softcap, scaling=module.scaling, qk_norm=qk_norm,
+            max_position=int(config.max_position_embeddings),
+            prefill=_memo(lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
+                mq, mk, True, s, c, w, -1, target=plan.target)),
+            decode=_memo(lambda s, c, w: ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(
+                PAGE_SIZE, s, c, w, target=plan.target)),
+        )))
+    for name, module, state in staged:
+        plan.add("attention", name, module, _attention_forward, **state)
+
+
+def _memo(make: Any) -> Any:
+    """One op per distinct params (ops memoize their kernels per instance)."""
+    made: dict[tuple, Any] = {}
+
+    def get(*key: Any) -> Any:
+        if key not in made:
+            made[key] = make(*key)
+        return made[key]
+
+    return get
+
+
+def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
+    plan = _Plan(model, strict, target)
+    arch = type(model).__name__
+    if arch in _MOE:
+        raise UnsupportedModelError(
+            f"tileops cannot serve {arch}: mixture-of-experts blocks (tileops has no MoE routing/experts ops yet)")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    if model.training:
+        raise UnsupportedModelError(f"tileops cannot serve {arch} in training mode: it is inference only (model.eval())")
+    dtype = next(model.parameters()).dtype
+    if dtype not in _HALF:
+        raise UnsupportedModelError(
+            f"tileops cannot serve {arch} in {dtype}: tileops' GEMM and attention kernels serve float16 and bfloat16; "
+            "load the model with torch_dtype=torch.bfloat16 (dtype= in transformers 5), or call "
+            "model.to(torch.bfloat16)")
+    if getattr(model, "_tileops_enabled", False):
+        raise UnsupportedModelError(f"{arch} is already enabled (tileops.integrations.transformers.disable(model) first)")
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    ops = _ops()
+
+    _plan_attention(model, config, plan)
+
+    act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    for name, module in model.named_modules():
+        cls = type(module).__name__
+        if type(module) is nn.Linear:
+            if module.weight.dtype not in _HALF:
+                plan.refuse(name, "Linear", f"weight dtype {module.weight.dtype}")
+                continue
+            plan.add("linear", name, module, _linear_forward, gemm=ops.GemmFwdOp(False, True, target=target),
+                     add=ops.AddFwdOp(target=target))
+        elif cls.endswith("RMSNorm"):
+            if cls not in _RMSNORMS:
+                plan.refuse(name, f"{cls}", "an RMSNorm class whose weight convention tileops does not know")
+                continue
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+            weight = (1.0 + module.weight.float()).to(module.weight.dtype) if _RMSNORMS[cls] else None
+            plan.add("rmsnorm", name, module, _rmsnorm_forward, weight=weight,
+                     norm=ops.RMSNormFwdOp((module.weight.shape[0],), float(eps), target=target))
+        elif cls.endswith("MLP") and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
+            if act_name not in _GATED_ACTS:
+                plan.refuse(name, "gated MLP", f"config hidden_act={act_name!r} (served: {', '.join(_GATED_ACTS)})")
+                continue
+            plan.add("mlp", name, module, _mlp_forward, act=getattr(ops, _GATED_ACTS[act_name])(target=target))
+    if getattr(config, "final_logit_softcapping", None):
+        plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
+    plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
+    plan.report.on_torch.append(("decoder layers", "residual adds", "torch add between tileops ops"))
+    return plan
+
+
+def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) -> EnableReport:
+    """Runs ``model``'s forward path on tileops ops; returns what was replaced.
+
+    ``target=`` picks the backend for every op (the protocol's normal choice otherwise).
+    Raises ``UnsupportedModelError`` for anything that cannot be served exactly, naming
+    the module, the feature and the config value; ``strict=False`` keeps those on torch
+    and lists them in the report instead. Revert with ``disable(model)``."""
+    plan = _plan(model, strict, target)
+    _attention.register()
+    for module, _kind, state, forward in plan.patches:
+        module._tileops = state
+        module.forward = types.MethodType(forward, module)
+    saved = {"attn": model.config._attn_implementation}
+    if plan.report.count("attention"):
+        model.config._attn_implementation = _attention.NAME
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        # transformers 5.24 renamed the forward's past_key_values to cache
+        cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw)
+        base.forward = types.MethodType(_base_model_forward, base)
+        saved["base"] = base
+    model._tileops_enabled = saved
+    return plan.report
+
+
+def disable(model: nn.Module) -> None:
+    """Undoes ``enable`` exactly: per-instance forwards and states removed, the attention
+    implementation restored."""
+    saved = getattr(model, "_tileops_enabled", None)
+    if not saved:
+        raise ValueError(f"{type(model).__name__} is not enabled (tileops.integrations.transformers.enable(model))")
+    for module in model.modules():
+        if "_tileops" in module.__dict__:  # patched by enable: forward and state go
+            del module._tileops
+            module.__dict__.pop("forward", None)
+    model.config._attn_implementation = saved["attn"]
+    del model._tileops_enabled
