@@ -77,4 +77,16 @@ PyObject* shape_error(const Kernel& k, const char* message, const TensorView& v,
   return nullptr;
 }
 
+PyObject* new_pair(PyObject* first, PyObject* second) {
+  PyObject* t = PyTuple_New(2);
+  if (t == nullptr) {
+    Py_DECREF(first);
+    Py_DECREF(second);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(t, 0, first);
+  PyTuple_SET_ITEM(t, 1, second);
+  return t;
+}
+
 }  // namespace tnc

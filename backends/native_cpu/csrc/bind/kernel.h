@@ -72,6 +72,8 @@ bool expect_dtype(const Kernel& k, const TensorView& v, const char* what);
 // read_tensor, then the dtype the kernel was built for
 bool read(const Kernel& k, PyObject* obj, TensorView& v, const char* what);
 PyObject* shape_error(const Kernel& k, const char* message, const TensorView& v, const char* what);
+// A 2-tuple of two new references, which it steals (both released if it cannot be made).
+PyObject* new_pair(PyObject* first, PyObject* second);
 
 // The families' marshalling, called by module.cc.
 void bind_attention(nb::module_& m);

@@ -35,18 +35,6 @@ bool read_bias(const Kernel& k, PyObject* obj, bool has_bias, int64_t experts, T
   return true;
 }
 
-PyObject* pair(PyObject* first, PyObject* second) {
-  PyObject* t = PyTuple_New(2);
-  if (t == nullptr) {
-    Py_DECREF(first);
-    Py_DECREF(second);
-    return nullptr;
-  }
-  PyTuple_SET_ITEM(t, 0, first);
-  PyTuple_SET_ITEM(t, 1, second);
-  return t;
-}
-
 // gating_output [T, E] (the kernel's dtype), correction_bias [E] float32 or None ->
 // (topk_weights float32 [T, K], topk_ids int32 [T, K]).
 struct TopKKernel final : Kernel {
@@ -83,7 +71,7 @@ struct TopKKernel final : Kernel {
     a.weights = static_cast<float*>(weights);
     a.ids = static_cast<int32_t*>(ids);
     if (a.tokens > 0) run_released(logits.numel * top_k, [&] { run(a, threads); });
-    return pair(w, i);
+    return new_pair(w, i);
   }
 };
 

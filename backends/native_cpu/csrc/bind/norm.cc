@@ -61,15 +61,7 @@ struct RowNormKernel final : Kernel {
       return nullptr;
     }
     run_released(x.numel, [&] { run(a, threads); });
-    PyObject* pair = PyTuple_New(2);
-    if (pair == nullptr) {
-      Py_DECREF(out);
-      Py_DECREF(rout);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(pair, 0, out);
-    PyTuple_SET_ITEM(pair, 1, rout);
-    return pair;
+    return new_pair(out, rout);
   }
 };
 
