@@ -332,7 +332,7 @@ void moe_prefill(const tnc::MoeArgs& a, int threads) {
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(xs + r * H, x + (pair_at[r] / K) * H, static_cast<size_t>(H) * sizeof(T));
   });
-  auto expert_gemm = [&](const T* lhs, const T* weight, T* result, int64_t rows, int64_t n, int64_t k) {
+  auto expert_gemm = [&](const T* lhs, const T* weight, T* result, int64_t rows, int64_t n, int64_t k, int gemm_threads) {
     tnc::GemmArgs g{};
     g.a = lhs;
     g.b = weight;
@@ -345,12 +345,19 @@ void moe_prefill(const tnc::MoeArgs& a, int threads) {
     g.a_col = 1;
     g.b_row = 1;  // weight [n, k]: element (kk, j) of B = weight^T at j * k + kk
     g.b_col = k;
-    a.gemm(g, threads);
+    a.gemm(g, gemm_threads);
   };
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t rows = start[e + 1] - start[e];
-    if (rows > 0) expert_gemm(xs + start[e] * H, wgu + e * 2 * Fz * H, gu + start[e] * 2 * Fz, rows, 2 * Fz, H);
-  }
+  // Each expert's GEMMs are small (about T K / E rows): the experts are spread over the
+  // threads, each GEMM on one thread, so no parallel region is paid per GEMM.
+  auto each_expert = [&](auto&& run) {
+    tnc::parallel_for(E, 1, threads, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e)
+        if (start[e + 1] > start[e]) run(e, start[e + 1] - start[e]);
+    });
+  };
+  each_expert([&](int64_t e, int64_t rows) {
+    expert_gemm(xs + start[e] * H, wgu + e * 2 * Fz * H, gu + start[e] * 2 * Fz, rows, 2 * Fz, H, 1);
+  });
   tnc::parallel_for(pairs, row_grain(Fz), threads, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* gate = gu + r * 2 * Fz;
@@ -359,10 +366,9 @@ void moe_prefill(const tnc::MoeArgs& a, int threads) {
         storec(h + j, S::mul(unary_apply<T, Act>(loadc(gate + j, Fz - j)), loadc(gate + Fz + j, Fz - j)), Fz - j);
     }
   });
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t rows = start[e + 1] - start[e];
-    if (rows > 0) expert_gemm(hs + start[e] * Fz, wd + e * H * Fz, ys + start[e] * H, rows, H, Fz);
-  }
+  each_expert([&](int64_t e, int64_t rows) {
+    expert_gemm(hs + start[e] * Fz, wd + e * H * Fz, ys + start[e] * H, rows, H, Fz, 1);
+  });
   // the weighted sum, one token per task: its output row is written by one thread only
   tnc::parallel_for(tokens, std::max<int64_t>(1, row_grain(H) / std::max<int64_t>(K, 1)), threads, [&](int64_t t0, int64_t t1) {
     float* acc = scratch(static_cast<size_t>(H + W), 0);
