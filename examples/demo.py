@@ -7,9 +7,9 @@ is all it takes for tileops to find them.
 
 from __future__ import annotations
 
+import copy
 import pathlib
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,11 @@ from tileops.backend import (
 )
 from tileops.ops import RMSNormFwdOp
 
+from tileops.integrations.transformers import enable
+from tileops.testing.agreement import check_greedy_agreement
+
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import llama_step  # noqa: E402
+import hf_llama  # noqa: E402
 
 
 def section(title: str) -> None:
@@ -58,27 +61,32 @@ def main() -> None:
     same = torch.equal(y, F.rms_norm(x, (4096,), weight, 1e-6))
     print(f"settled on {op.settled_target!r}; bit-identical to F.rms_norm: {same}")
 
-    section("4. The process default: native C++ kernels for a Llama-style decoder")
+    section("4. A Hugging Face Llama on native_cpu: one call")
     set_default_target("native_cpu")
-    cfg = llama_step.Config()
-    weights = llama_step.make_weights(cfg)
-    steps = 32
-    timings = {}
-    outputs = {}
-    for name, decoder in (
-        ("tileops/native_cpu", llama_step.TileopsDecoder(cfg, weights)),
-        ("torch eager", llama_step.EagerDecoder(cfg, weights)),
-    ):
-        llama_step.generate(decoder, cfg, 4)  # warm up: kernels are built on first use
-        start = time.perf_counter()
-        outputs[name] = llama_step.generate(decoder, cfg, steps)
-        timings[name] = steps / (time.perf_counter() - start)
-        print(f"{name:<20} {timings[name]:8.1f} tokens/s")
-    diff = (outputs["tileops/native_cpu"].float() - outputs["torch eager"].float()).abs().max()
-    print(
-        f"speed-up {timings['tileops/native_cpu'] / timings['torch eager']:.2f}x; "
-        f"max |difference| over {steps} tokens: {diff.item():.2e}"
-    )
+    hf_model = hf_llama.load()  # 155.7M parameters, bf16, random weights
+    fast = copy.deepcopy(hf_model)
+    report = enable(fast)  # the process default chose native_cpu
+    print(report)
+    tokenizer = hf_llama.ByteTokenizer()
+    ids = tokenizer.encode(hf_llama.PROMPT)
+    new = 32
+    results = {}
+    for name, model in (("HF eager", hf_model), ("HF + tileops", fast)):
+        hf_llama.generate(model, ids, 2)  # warm up: kernels are built on first use
+        results[name] = hf_llama.generate(model, ids, new)
+        _, _, prefill, decode = results[name]
+        print(f"{name:<14} prefill {prefill:8.1f} tokens/s   decode {decode:6.1f} tokens/s")
+    (ref, ref_logits, ref_prefill, ref_decode), (got, _, prefill, decode) = results["HF eager"], results["HF + tileops"]
+    logits = torch.stack(ref_logits)
+    tolerance = 0.004 + 0.02 * float(logits.float().abs().max())  # the equivalence tests' bf16 rule
+    try:
+        sure = min(check_greedy_agreement(logits, ref[None], got[None], tolerance))
+        verdict = f"agree (the reference is sure for {sure} of {new} steps)"
+    except AssertionError as error:
+        verdict = f"DISAGREE: {error}"
+    print(f"speed-up: prefill {prefill / ref_prefill:.2f}x, decode {decode / ref_decode:.2f}x; "
+          f"{int((ref == got).int().cumprod(0).sum())} of {new} greedy tokens identical, {verdict}")
+    print(f"first tokens: {got[:12].tolist()} (random weights, so not text)")
 
     section("5. target=BUILTIN: the in-tree kernels are CUDA kernels")
     try:

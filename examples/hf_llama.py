@@ -1,0 +1,47 @@
+"""The demo's model: a Hugging Face Llama built from examples/llama-155m/config.json with
+random weights (nothing is downloaded), and a byte-level tokenizer that needs no files."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import torch
+
+CONFIG = pathlib.Path(__file__).parent / "llama-155m" / "config.json"
+PROMPT = (
+    "tileops runs the ops of a Hugging Face model on the kernels of whatever backend is "
+    "installed; this prompt is the demo's."
+)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 3..258 after bos (1); 0 pads: any text, no vocabulary file."""
+
+    offset = 3
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.tensor([[1, *(b + self.offset for b in text.encode())]])
+
+
+def load() -> torch.nn.Module:
+    import transformers  # noqa: PLC0415 (the demo's only transformers user)
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig.from_json_file(CONFIG)
+    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, list[torch.Tensor], float, float]:
+    """Greedy tokens and logits of `new` steps, with prefill tok/s (generate of one token)
+    and decode tok/s (the other steps)."""
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    start = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, **kw)
+    prefill = time.perf_counter() - start
+    start = time.perf_counter()
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, output_logits=True, return_dict_in_generate=True, **kw)
+    total = time.perf_counter() - start
+    return out.sequences[0, ids.shape[1]:], list(out.logits), ids.shape[1] / prefill, (new - 1) / max(total - prefill, 1e-9)
