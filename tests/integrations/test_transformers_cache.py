@@ -1,5 +1,6 @@
-"""TileopsCache: a transformers Cache whose layers keep real tokens in a PagedKVCache,
-count every position seen (pads included), and grow their pool without losing a token."""
+"""TileopsCache: a transformers Cache whose layers share one page table (one Step per
+forward), keep real tokens only, count every position seen (pads included), and grow
+every layer's pools together without losing a token."""
 
 from __future__ import annotations
 
@@ -11,23 +12,62 @@ from tileops.integrations.transformers import TileopsCache  # noqa: E402
 from tileops.integrations.transformers import _cache as cache_module  # noqa: E402
 
 
-def test_a_layer_grows_its_pool_and_keeps_every_token_in_order(monkeypatch):
+def _write(cache, layer, step, k, v):
+    """What the paged attention op does with a step: each sequence's new rows into its
+    next positions of this layer's pools."""
+    k_pages, v_pages = layer.pools()
+    for b, (seq, cached, n) in enumerate(zip(cache.seqs, step.cached, step.counts)):
+        rows = cache.paged.rows(seq)[cached : cached + n]
+        k_pages[rows], v_pages[rows] = k[b, -n:], v[b, -n:]
+
+
+def test_one_step_per_forward_serves_every_layer():
+    cache = TileopsCache(num_layers=3)
+    k = torch.randn(2, 5, 2, 8).bfloat16()
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    steps = [cache.step_for(layer, 5, mask, k) for layer in cache.layers]
+    assert steps[0] is steps[1] is steps[2]
+    step = steps[0]
+    assert step.counts == (3, 5) and step.cached == (0, 0)
+    assert step.cu_seqlens_q.tolist() == [0, 3, 8] and step.cache_seqlens.tolist() == [0, 0]
+    assert step.block_table.dtype == torch.int32 and step.width == 16  # the narrowest table
+    assert cache.lengths(2) == [3, 5] and cache.get_seq_length() == 5  # pads count as positions seen
+    decode = [cache.step_for(layer, 1, None, k[:, :1]) for layer in cache.layers]
+    assert decode[0] is decode[2] and decode[0].cached == (3, 5) and decode[0].cache_seqlens.tolist() == [3, 5]
+
+
+def test_every_layers_pools_grow_together_and_keep_their_tokens(monkeypatch):
     monkeypatch.setattr(cache_module, "MIN_DECODE_ROOM", 8)
+    cache = TileopsCache(num_layers=2)
+    written = {i: [] for i in range(2)}
+    for q_len in [5] + [1] * 60:
+        for layer in cache.layers:
+            k = torch.randn(2, q_len, 2, 8).bfloat16()
+            step = cache.step_for(layer, q_len, None, k)
+            _write(cache, layer, step, k, -k)
+            written[layer.index].append(k)
+    assert cache.paged.num_pages > 2 * 1  # grown from the first pool (13 tokens: one page each)
+    for i in range(2):
+        for b in range(2):
+            keys, values = cache.paged.gather(cache.seqs[b], layer=i)
+            want = torch.cat([k[b] for k in written[i]])
+            assert torch.equal(keys, want) and torch.equal(values, -want)
+    assert cache.lengths(2) == [65, 65] and cache.step.block_table.shape == (2, 16)
+
+
+def test_a_layer_that_skips_a_forward_is_refused():
+    cache = TileopsCache(num_layers=2)
+    k = torch.randn(1, 4, 2, 8).bfloat16()
+    cache.step_for(cache.layers[0], 4, None, k)
+    cache.step_for(cache.layers[0], 1, None, k[:, :1])  # layer 1 never saw the prompt
+    with pytest.raises(RuntimeError, match="layer 1 has seen 0 positions and got 1 more"):
+        cache.step_for(cache.layers[1], 1, None, k[:, :1])
+
+
+def test_right_padding_is_refused_with_the_fix():
     cache = TileopsCache(num_layers=1)
-    layer = cache.layers[0]
-    k = torch.randn(2 * 5, 2, 8).bfloat16()
-    layer.append(k, -k, [5, 5])
-    pages = layer.paged.num_pages
-    steps = [torch.randn(2, 2, 8).bfloat16() for _ in range(60)]
-    for s in steps:
-        layer.append(s, -s, [1, 1])
-    assert layer.paged.num_pages > pages
-    for b in range(2):
-        keys, values = layer.paged.gather(layer.seqs[b])
-        want = torch.cat([k[5 * b : 5 * b + 5]] + [s[b : b + 1] for s in steps])
-        assert torch.equal(keys, want) and torch.equal(values, -want)
-    assert layer.lengths(2) == [65, 65]
-    assert layer.block_table().shape == (2, 5)  # 65 tokens: 5 pages of 16 each
+    with pytest.raises(ValueError, match="left padding only.*padding_side='left'"):
+        cache.step_for(cache.layers[0], 3, torch.tensor([[1, 1, 0]]), torch.randn(1, 3, 2, 8).bfloat16())
 
 
 def test_the_sequence_length_counts_positions_seen_not_tokens_cached():
@@ -35,6 +75,8 @@ def test_the_sequence_length_counts_positions_seen_not_tokens_cached():
     for layer in cache.layers:
         layer.seen += 12  # a 12-position prompt, whatever its padding
     assert cache.get_seq_length() == 12 and cache.get_mask_sizes(1, 0) == (13, 0)
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.paged is None
 
 
 def test_the_cache_is_read_by_tileops_attention_only():

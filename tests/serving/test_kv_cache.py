@@ -238,3 +238,37 @@ def test_grow_keeps_every_sequence_and_hands_out_the_new_pages_after_the_old():
     assert c.pages(a) == (0, 2) and torch.equal(c.gather(a)[0], torch.cat([k[:3], more[0]]))
     with pytest.raises(ValueError, match="fewer"):
         c.grow(4)
+
+
+def test_a_cache_of_several_layers_shares_one_page_table_and_keeps_each_layers_tokens():
+    c = cache(num_pages=2, page_size=4, num_layers=3)
+    a, b = c.add_sequence(), c.add_sequence()
+    k = torch.randn(3, 2 + 3, H, D).bfloat16()  # every layer's new tokens: 2 of a, 3 of b
+    c.append([a, b], k, -k, counts=[2, 3])
+    assert c.seqlens([a, b]).tolist() == [2, 3] and c.num_free_pages == 0
+    c.grow(4)  # every layer's pools, one page table
+    assert all(t.shape[0] == 16 for t in c.k_layers + c.v_layers)
+    c.append([a, b], k[:, :2], -k[:, :2], counts=[1, 1])
+    for i in range(3):
+        keys, values = c.gather(b, layer=i)
+        want = torch.cat([k[i, 2:5], k[i, 1:2]])
+        assert torch.equal(keys, want) and torch.equal(values, -want)
+    assert c.k_pages is c.layer(0)[0] and c.layer(2)[1] is c.v_layers[2]
+    with pytest.raises(IndexError, match=r"layer must be an int in \[0, 3\), got 3"):
+        c.layer(3)
+    with pytest.raises(ValueError, match=r"k must be \[3, total_new, 2, 8\], got shape \(2, 2, 8\)"):
+        c.append([a, b], k[0, :2], k[0, :2], counts=[1, 1])
+
+
+def test_reserve_takes_many_sequences_at_once_and_says_whether_pages_changed():
+    c = cache(num_pages=4, page_size=4)
+    a, b = c.add_sequence(), c.add_sequence()
+    assert c.reserve([a, b], [3, 5]) is True  # 1 + 2 pages
+    assert c.pages(a) == (0,) and c.pages(b) == (1, 2)
+    c.advance([a, b], [3, 5])
+    assert c.reserve([a, b], [1, 1]) is False  # both last pages have room
+    with pytest.raises(RuntimeError, match="exhausted: 2 more pages needed, 1 of 4 free"):
+        c.reserve([a, b], [2, 4])
+    assert c.pages(a) == (0,) and c.pages(b) == (1, 2)  # all or nothing
+    with pytest.raises(ValueError, match="2 sequences but 1 counts"):
+        c.reserve([a, b], [1])

@@ -18,6 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install tileops[transformers])")
 hf = pytest.importorskip("tileops.integrations.transformers")
 from tileops.testing.agreement import check_greedy_agreement  # noqa: E402
+from tileops.serving import PagedKVCache  # noqa: E402
 
 TARGET = "native_cpu"
 STEPS = 16
@@ -183,6 +184,41 @@ def test_disable_gives_back_eager_outputs_bit_for_bit(arch):
     assert torch.equal(again, generated)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(arch):
+    """q/k/v (with Qwen2's biases) and gate/up become views into one stacked weight while
+    enabled (no second copy), and get their own storage back, same values, at disable."""
+    model = _model(arch)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = {n: p for n, p in model.named_parameters()}
+    report = hf.enable(model, target=TARGET)
+    assert report.count("stacked projections") == 2 * model.config.num_hidden_layers
+    assert report.count("decoder layer") == model.config.num_hidden_layers
+    stacked = attn._tileops.qkv.weight
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        assert proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    if arch == "qwen2":
+        assert attn.q_proj.bias.untyped_storage().data_ptr() == attn._tileops.qkv.bias.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp._tileops.gate_up.weight.untyped_storage().data_ptr()
+    hf.disable(model)
+    assert all(p is params[n] for n, p in model.named_parameters())  # the same Parameter objects
+    assert attn.q_proj.weight.untyped_storage().data_ptr() != attn.k_proj.weight.untyped_storage().data_ptr()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_a_layer_with_a_piece_on_torch_keeps_transformers_layer_forward():
+    model = _model("llama", hidden_act="relu")  # the MLP stays on torch (strict=False)
+    ids, mask = _prompt(True)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        report = hf.enable(model, target=TARGET, strict=False)
+        got = model(input_ids=ids, attention_mask=mask).logits
+    assert report.count("decoder layer") == 0 and report.count("stacked projections") == 2  # q/k/v only
+    assert "forward" not in model.model.layers[0].__dict__
+    _close(got[mask.bool()], ref[mask.bool()], torch.bfloat16, "relu MLP on torch")
+
+
 def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path):
     model = _model("qwen2")
     model.save_pretrained(tmp_path)
@@ -210,7 +246,8 @@ def test_a_prompt_longer_than_the_window_decodes_with_the_window():
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arch, monkeypatch):
     """300 tokens (19 pages of 16), 37 of them padding in row 0, then 40 steps: the pool
-    made at prefill (room for 16 more tokens here) runs out and is doubled mid-decode."""
+    made at prefill (room for 16 more tokens here) runs out and is doubled mid-decode, and
+    the block table widens past 16 pages."""
     monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
     model = _model(arch, max_position_embeddings=512)
     gen = torch.Generator().manual_seed(2)
@@ -220,9 +257,9 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
     ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=40)
     hf.enable(model, target=TARGET)
     grown = []
-    monkeypatch.setattr(hf.TileopsCacheLayer, "_grow", _spy(hf.TileopsCacheLayer._grow, grown))
+    monkeypatch.setattr(PagedKVCache, "grow", _spy(PagedKVCache.grow, grown))
     prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=40)
-    assert len(grown) == model.config.num_hidden_layers  # once per layer
+    assert len(grown) == 1  # once: every layer's pools grow together (one page table)
     _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} long prefill")
     _close(steps, ref_steps, torch.bfloat16, f"{arch} decode after growth")
 

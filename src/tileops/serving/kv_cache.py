@@ -2,7 +2,10 @@
 the paged attention ops read (README.md, "Paged KV cache").
 
 K and V are one flat tensor each, ``[num_pages * page_size, heads_kv, head_dim]``; page p
-is rows ``p * page_size`` to ``p * page_size + page_size - 1``. Logical position t of a
+is rows ``p * page_size`` to ``p * page_size + page_size - 1``. A cache for a whole model
+(``num_layers > 1``) keeps one such pair per layer, all sharing the one page table: every
+layer holds the same positions of the same sequences, so one block table and one length
+vector serve every layer's attention. Logical position t of a
 sequence whose block table row is ``bt`` lives at row
 ``bt[t // page_size] * page_size + t % page_size``. Block tables are int32
 ``[B, max_pages]`` (unused entries 0, so every entry is a valid page) and sequence lengths
@@ -54,6 +57,7 @@ class PagedKVCache:
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
         max_pages_per_seq: int | None = None,
+        num_layers: int = 1,
     ) -> None:
         self.num_pages = _positive_int("num_pages", num_pages)
         self.page_size = _positive_int("page_size", page_size)
@@ -65,9 +69,11 @@ class PagedKVCache:
             self.num_pages if max_pages_per_seq is None
             else _positive_int("max_pages_per_seq", max_pages_per_seq)
         )
+        self.num_layers = _positive_int("num_layers", num_layers)
         shape = (self.num_pages * self.page_size, self.heads_kv, self.head_dim)
-        self.k_pages = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_pages = torch.zeros(shape, dtype=dtype, device=device)
+        # k_layers[i] / v_layers[i]: layer i's pools (k_pages / v_pages are layer 0's)
+        self.k_layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self.v_layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
         # Pages are handed out lowest first; a freed page is the next one handed out.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
         self._pages: dict[int, list[int]] = {}
@@ -75,6 +81,22 @@ class PagedKVCache:
         self._next_id = 0
 
     # ---- what the cache holds -------------------------------------------------------
+
+    @property
+    def k_pages(self) -> torch.Tensor:
+        """Layer 0's K pool (the pool, for a one-layer cache)."""
+        return self.k_layers[0]
+
+    @property
+    def v_pages(self) -> torch.Tensor:
+        """Layer 0's V pool."""
+        return self.v_layers[0]
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_pages, v_pages)`` of layer ``index``."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_layers:
+            raise IndexError(f"PagedKVCache: layer must be an int in [0, {self.num_layers}), got {index!r}")
+        return self.k_layers[index], self.v_layers[index]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -122,11 +144,21 @@ class PagedKVCache:
         self._free.extend(reversed(self._pages.pop(seq_id)))
         del self._lengths[seq_id]
 
-    def reserve(self, seq_id: int, n_tokens: int) -> None:
-        """Allocates the pages the next ``n_tokens`` tokens of ``seq_id`` need (none if its
-        last page has room). All or nothing: raises ValueError past ``max_pages_per_seq``
-        and RuntimeError when the pool has too few free pages."""
-        self._reserve_all({self._known(seq_id): _count("n_tokens", n_tokens)})
+    def reserve(self, seq_ids: int | Sequence[int], counts: int | Sequence[int] | torch.Tensor) -> bool:
+        """Allocates the pages the next ``counts[i]`` tokens of ``seq_ids[i]`` need (none if
+        the last page has room); one sequence and one count may be plain ints. All or
+        nothing: raises ValueError past ``max_pages_per_seq`` and RuntimeError when the pool
+        has too few free pages. Returns whether any page was allocated (block tables
+        change only then)."""
+        ids = self._ids(seq_ids)
+        per_seq = [_count("n_tokens", counts)] if isinstance(counts, int) else [_count("counts[i]", c) for c in _as_list(counts)]
+        if len(per_seq) != len(ids):
+            raise ValueError(f"PagedKVCache.reserve: {len(ids)} sequences but {len(per_seq)} counts")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"PagedKVCache.reserve: seq_ids must be distinct, got {ids}")
+        free_before = len(self._free)
+        self._reserve_all(dict(zip(ids, per_seq)))
+        return len(self._free) != free_before
 
     def advance(self, seq_ids: int | Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
         """Records that ``counts[i]`` more tokens of ``seq_ids[i]`` were written into its
@@ -147,18 +179,18 @@ class PagedKVCache:
             self._lengths[seq_id] += n
 
     def grow(self, num_pages: int) -> None:
-        """Enlarges the pool to ``num_pages`` pages (one copy of K and V). Page ids, block
+        """Enlarges the pool to ``num_pages`` pages (one copy of every layer's K and V). Page ids, block
         tables and lengths stay valid; the new pages join the free list after the old, their
         contents unspecified (no op reads a position before it is written)."""
         num_pages = _positive_int("num_pages", num_pages)
         if num_pages < self.num_pages:
             raise ValueError(f"PagedKVCache.grow: {num_pages} pages is fewer than the {self.num_pages} held")
         shape = (num_pages * self.page_size, self.heads_kv, self.head_dim)
-        for name in ("k_pages", "v_pages"):
-            old = getattr(self, name)
-            new = torch.empty(shape, dtype=old.dtype, device=old.device)
-            new[: old.shape[0]].copy_(old)
-            setattr(self, name, new)
+        for pools in (self.k_layers, self.v_layers):
+            for i, old in enumerate(pools):
+                new = torch.empty(shape, dtype=old.dtype, device=old.device)
+                new[: old.shape[0]].copy_(old)
+                pools[i] = new
         # Handed out lowest first: the old free pages, then the new ones.
         self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
         self.num_pages = num_pages
@@ -198,11 +230,12 @@ class PagedKVCache:
     ) -> None:
         """Writes new tokens at each sequence's next positions and advances its length.
 
-        ``k`` and ``v`` are ``[total_new, heads_kv, head_dim]``, packed in the order of
-        ``seq_ids``: ``counts[i]`` tokens of ``seq_ids[i]`` (or rows ``cu_seqlens[i]`` to
-        ``cu_seqlens[i + 1] - 1``). With one sequence and neither given, all rows are
-        its. Pages are reserved first, for all sequences at once; nothing is written or
-        allocated when any check fails.
+        ``k`` and ``v`` are ``[total_new, heads_kv, head_dim]`` (``[num_layers, total_new,
+        heads_kv, head_dim]`` for a cache of several layers: the new tokens of every layer),
+        packed in the order of ``seq_ids``: ``counts[i]`` tokens of ``seq_ids[i]`` (or rows
+        ``cu_seqlens[i]`` to ``cu_seqlens[i + 1] - 1``). With one sequence and neither
+        given, all rows are its. Pages are reserved first, for all sequences at once;
+        nothing is written or allocated when any check fails.
         """
         ids = self._ids(seq_ids)
         if len(set(ids)) != len(ids):
@@ -213,22 +246,25 @@ class PagedKVCache:
             raise ValueError(
                 f"PagedKVCache.append: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}"
             )
-        per_seq = self._counts(ids, k.shape[0], counts, cu_seqlens)
+        per_seq = self._counts(ids, k.shape[-3], counts, cu_seqlens)
         if not ids:
             return
         self._reserve_all(dict(zip(ids, per_seq)))
         rows = torch.cat([self._rows(s, self._lengths[s], n) for s, n in zip(ids, per_seq)])
         rows = rows.to(self.device)
-        self.k_pages.index_copy_(0, rows, k)
-        self.v_pages.index_copy_(0, rows, v)
+        ks, vs = (k, v) if self.num_layers > 1 else (k[None], v[None])
+        for i in range(self.num_layers):
+            self.k_layers[i].index_copy_(0, rows, ks[i])
+            self.v_layers[i].index_copy_(0, rows, vs[i])
         for seq_id, n in zip(ids, per_seq):
             self._lengths[seq_id] += n
 
-    def gather(self, seq_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of ``seq_id`` in logical order, ``[seqlen, heads_kv, head_dim]`` each
-        (copies; for tests and debugging)."""
+    def gather(self, seq_id: int, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``seq_id`` in layer ``layer``, in logical order, ``[seqlen, heads_kv,
+        head_dim]`` each (copies: for a prefill onto cached tokens, tests and debugging)."""
+        k_pages, v_pages = self.layer(layer)
         rows = self.rows(seq_id).to(self.device)
-        return self.k_pages.index_select(0, rows), self.v_pages.index_select(0, rows)
+        return k_pages.index_select(0, rows), v_pages.index_select(0, rows)
 
     def rows(self, seq_id: int) -> torch.Tensor:
         """int64 ``[seqlen]``: the row of k_pages / v_pages holding each position of ``seq_id``."""
@@ -285,10 +321,12 @@ class PagedKVCache:
         return [self._known(s) for s in ids]
 
     def _check_tokens(self, name: str, t: Any) -> None:
-        want = f"[total_new, {self.heads_kv}, {self.head_dim}]"
+        layers = (self.num_layers,) if self.num_layers > 1 else ()
+        want = f"[{f'{self.num_layers}, ' if layers else ''}total_new, {self.heads_kv}, {self.head_dim}]"
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"PagedKVCache.append: {name} must be a tensor {want}, got {type(t).__name__}")
-        if t.ndim != 3 or tuple(t.shape[1:]) != (self.heads_kv, self.head_dim):
+        if t.ndim != 3 + len(layers) or tuple(t.shape[:len(layers)]) + tuple(t.shape[-2:]) != (
+                *layers, self.heads_kv, self.head_dim):
             raise ValueError(f"PagedKVCache.append: {name} must be {want}, got shape {tuple(t.shape)}")
         if t.dtype != self.dtype:
             raise ValueError(f"PagedKVCache.append: {name} must be {self.dtype} (the cache's dtype), got {t.dtype}")

@@ -438,7 +438,8 @@ def _paged_prefill() -> Callable[..., RefResult]:
         q: Tensor, k_new: Tensor, v_new: Tensor, k_pages: Tensor, v_pages: Tensor,
         k_scale: Tensor | None, v_scale: Tensor | None, cu_seqlens_q: Tensor,
         cache_seqlens: Tensor, block_table: Tensor,
-        *, page_size: int, is_causal: bool, sm_scale: float | None, softcap: float | None, **_: Any,
+        *, page_size: int, is_causal: bool, sm_scale: float | None, softcap: float | None,
+        window_size_left: int, **_: Any,
     ) -> Tensor:
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for b, (q0, q1) in enumerate(_spans(cu_seqlens_q)):
@@ -448,7 +449,7 @@ def _paged_prefill() -> Callable[..., RefResult]:
             v_pages[rows[cached:]] = v_new[q0:q1]
             out[q0:q1] = _attend(
                 q[q0:q1], k_pages[rows], v_pages[rows], diag=cached, causal=is_causal,
-                left=-1, right=-1, scale=sm_scale, softcap=softcap,
+                left=window_size_left, right=-1, scale=sm_scale, softcap=softcap,
             )
         return _down(out, q)
 

@@ -194,7 +194,11 @@ struct AttentionKernel final : Kernel {
     if (out == nullptr) return nullptr;
     const int64_t row_bytes = q.numel / std::max<int64_t>(q.shape[0], 1) * dtype_size(dtype);
     if (rows_q && covered < q.shape[0]) std::memset(static_cast<char*>(a.o) + covered * row_bytes, 0, (q.shape[0] - covered) * row_bytes);
-    const bool one_query_each = form == AttentionForm::decode || form == AttentionForm::paged_decode;
+    // Decode's kernel streams each request's keys once; a paged prefill whose chunks are all
+    // one token (a decode step that appends its own token) is that case too.
+    bool one_query_each = form == AttentionForm::decode || form == AttentionForm::paged_decode;
+    if (form == AttentionForm::paged_prefill)
+      one_query_each = a.batch > 0 && std::all_of(q_len.begin(), q_len.end(), [](int64_t n) { return n == 1; });
     int64_t keys = 0;
     for (int64_t b = 0; b < a.batch; ++b) keys += kv_len[b] * q_len[b];
     if (q.numel > 0) run_released(keys * a.heads * head_dim, [&] { (one_query_each ? decode : prefill)(a, threads); });

@@ -675,7 +675,8 @@ def attention(dtypes: Sequence[torch.dtype], *, form: str) -> Factory:
             def build_paged_prefill(q: Any, k_new: Any, v_new: Any, k_pages: Any, v_pages: Any, k_scale: Any,
                                     v_scale: Any, cu_seqlens_q: Any, cache_seqlens: Any, block_table: Any, *,
                                     max_pages_per_req: int, page_size: int, max_seqlen_q: int, is_causal: bool = True,
-                                    sm_scale: float | None = None, softcap: float | None = None) -> Any:
+                                    sm_scale: float | None = None, softcap: float | None = None,
+                                    window_size_left: int = -1) -> Any:
                 dtype = check_inputs(op, dtypes, q=q, k_new=k_new, v_new=v_new, k_pages=k_pages, v_pages=v_pages)
                 _indices(op, cu_seqlens_q=cu_seqlens_q, cache_seqlens=cache_seqlens, block_table=block_table)
                 _each(op, torch.float32, k_scale=k_scale, v_scale=v_scale)
@@ -694,7 +695,8 @@ def attention(dtypes: Sequence[torch.dtype], *, form: str) -> Factory:
                                      shape_of(block_table) == (cq[0] - 1, int(max_pages_per_req)),
                                      all(s is None or shape_of(s) == (1,) for s in (k_scale, v_scale))], **specs)
                 return _attention_kernel(op, dtype, "paged_prefill", q, k_pages, slots=10, causal=bool(is_causal),
-                                         sm_scale=sm_scale, softcap=softcap, page_size=int(page_size))
+                                         sm_scale=sm_scale, softcap=softcap, page_size=int(page_size),
+                                         window=(int(window_size_left), -1))
 
             return build_paged_prefill
         if form == "paged_decode":

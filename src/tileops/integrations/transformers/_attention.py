@@ -7,13 +7,14 @@ Layouts: transformers hands attention ``query [B, H, S, D]`` and ``key, value
 forward (``_attention_forward``) makes q/k/v as ``[B, S, H, D]`` (the projections' own
 layout) and passes transposed views, so no copy is made to go back.
 
-- Prefill: each request's real tokens (left padding dropped) are packed and run through
-  ``GroupedQueryAttentionPrefillFwdOp`` (varlen, causal, window, softcap, scale), then
-  appended to the layer's ``PagedKVCache``.
-- Decode (one new token per request, all cached): the token is appended and
-  ``GroupedQueryAttentionDecodePagedWithKVCacheFwdOp`` reads the pages in place.
-- A prefill onto a non-empty cache (chunked prefill, assisted decoding) gathers the cached
-  tokens (a copy: a rare path) and runs the varlen op over them.
+- With a ``TileopsCache`` (``generate``, ``use_cache=True``): each request's real tokens
+  (left padding dropped) are packed and run through
+  ``GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp``, which writes them into the layer's
+  pools and attends over the request's cached tokens and the new ones (causal, window,
+  softcap, scale). Prefill, decode (a chunk of one token per request) and a prefill onto
+  cached tokens (chunked prefill, assisted decoding) are the same call; the lengths, offsets
+  and block table are the cache's ``Step``, made once per forward for every layer.
+- Without a cache: ``GroupedQueryAttentionPrefillFwdOp`` (varlen) over the chunk alone.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from ._cache import TileopsCache, TileopsCacheLayer
+from tileops.serving import PagedKVCache
+
+from ._cache import TileopsCache, new_token_counts
 
 NAME = "tileops"
-I32 = torch.int32
 
 
 def mask_for_tileops(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
@@ -42,29 +44,6 @@ def mask_for_tileops(batch_size: int, q_length: int, kv_length: int, q_offset: i
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _new_token_counts(attention_mask: torch.Tensor | None, batch: int, q_len: int, cached: list[int]) -> list[int]:
-    """Real new tokens per request from the padding mask: they must be the last ones of
-    the chunk (left padding), and a request that has cached tokens gets no pads."""
-    if attention_mask is None:
-        return [q_len] * batch
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
-        raise ValueError(
-            "tileops attention takes the 2-D padding mask [batch, kv_len] that its mask function "
-            f"(AttentionMaskInterface '{NAME}') makes, got "
-            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}: a custom 4-D mask is not served"
-        )
-    new = attention_mask[:, -q_len:].to(torch.bool)
-    counts = new.sum(dim=1)
-    left_padded = torch.arange(q_len, device=new.device)[None, :] >= (q_len - counts)[:, None]
-    counts = counts.tolist()
-    if not bool(torch.equal(new, left_padded)) or any(c and n != q_len for c, n in zip(cached, counts)):
-        raise ValueError(
-            "tileops attention serves left padding only: each row of attention_mask must be 0s then 1s "
-            "(pass padding_side='left' to the tokenizer)"
-        )
-    return counts
 
 
 def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -82,61 +61,53 @@ def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             f"enable(model) patched; {type(module).__name__} was not (call enable(model) instead of "
             "setting the attention implementation by hand)"
         )
-    batch, heads, q_len, dim = query.shape
-    heads_kv = key.shape[1]
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]
-    layer: TileopsCacheLayer | None = None
-    if tileops_cache is not None:
-        layer = tileops_cache.layers[module.layer_idx]
-    cached = layer.lengths(batch) if layer is not None else [0] * batch
-    counts = _new_token_counts(attention_mask, batch, q_len, cached)
+    out = attend(module, q, k, v, attention_mask, tileops_cache, scaling=scaling, sliding_window=sliding_window,
+                 softcap=softcap)
+    return out, None
+
+
+def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           attention_mask: torch.Tensor | None, cache: TileopsCache | None, *, scaling: float | None = None,
+           sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """q [B, S, H, D], k and v [B, S, H_kv, D] (this forward's tokens) -> [B, S, H, D].
+
+    With a cache, the paged prefill op appends the real tokens to this layer's pools and
+    attends over everything cached (a decode step is a chunk of one token per sequence);
+    without one, the varlen prefill op attends over the chunk alone."""
+    state = module._tileops
+    batch, q_len, heads, dim = q.shape
     window = -1 if sliding_window is None else sliding_window - 1  # transformers keeps kv > q - window
     scale = state.scaling if scaling is None else scaling
     cap = softcap or 0.0
-
-    if layer is not None and q_len == 1 and all(c > 0 for c in cached) and all(n == 1 for n in counts):
-        layer.append(k.reshape(batch, heads_kv, dim), v.reshape(batch, heads_kv, dim), counts)
-        layer.seen += 1
-        out = state.decode(scale, cap, window)(
-            q.reshape(batch, heads, dim), layer.paged.k_pages, layer.paged.v_pages,
-            layer.paged.seqlens(layer.seqs), layer.block_table(),
-        )
-        return out.view(batch, 1, heads, dim), None
-
+    if cache is not None:
+        layer = cache.layers[module.layer_idx]
+        step = cache.step_for(layer, q_len, attention_mask, k)
+        counts = step.counts
+    else:
+        counts = tuple(new_token_counts(attention_mask, batch, q_len, [0] * batch))
     padded = any(n != q_len for n in counts)
-    flat = lambda t: t.reshape(batch * q_len, t.shape[2], dim)  # noqa: E731  (a view: [B, S] is contiguous)
+    flat = lambda t: t.reshape(batch * q_len, t.shape[2], dim)  # noqa: E731  (a view when [B, S] is contiguous)
     if padded:
         rows = torch.cat([torch.arange(b * q_len + q_len - n, (b + 1) * q_len) for b, n in enumerate(counts)])
-        rows = rows.to(query.device)
+        rows = rows.to(q.device)
         qp, kp, vp = (flat(t).index_select(0, rows) for t in (q, k, v))
     else:
         qp, kp, vp = flat(q), flat(k), flat(v)
-    cu_q = _cumsum(counts, query.device)
-    if layer is not None:
-        layer.append(kp, vp, counts)
-        layer.seen += q_len
-    if not any(cached):
-        cu_kv, max_kv = cu_q, max(counts)
-    else:  # a prefill onto cached tokens: the varlen op over what the cache gathers
-        gathered = [layer.paged.gather(s) for s in layer.seqs]
-        kp = torch.cat([g[0] for g in gathered])
-        vp = torch.cat([g[1] for g in gathered])
-        lengths = [c + n for c, n in zip(cached, counts)]
-        cu_kv, max_kv = _cumsum(lengths, query.device), max(lengths)
-    op = state.prefill(_pow2(max(max(counts), 1)), _pow2(max(max_kv, 1)), scale, cap, window)
-    out_p = op(qp, kp, vp, cu_q, cu_kv)
+    longest = _pow2(max(max(counts), 1))
+    if cache is not None:
+        k_pages, v_pages = layer.pools()
+        op = state.paged(step.width, longest, scale, cap, window)
+        out_p = op(qp, kp, vp, k_pages, v_pages, None, None, step.cu_seqlens_q, step.cache_seqlens,
+                   step.block_table)
+    else:
+        cu = PagedKVCache.cu_seqlens(counts, q.device)
+        out_p = state.prefill(longest, longest, scale, cap, window)(qp, kp, vp, cu, cu)
     if not padded:
-        return out_p.view(batch, q_len, heads, dim), None
+        return out_p.view(batch, q_len, heads, dim)
     out = torch.zeros(batch * q_len, heads, dim, dtype=out_p.dtype, device=out_p.device)
     out.index_copy_(0, rows, out_p)
-    return out.view(batch, q_len, heads, dim), None
-
-
-def _cumsum(counts: list[int], device: torch.device) -> torch.Tensor:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return torch.tensor(out, dtype=I32, device=device)
+    return out.view(batch, q_len, heads, dim)
 
 
 def register() -> None:

@@ -1,40 +1,66 @@
-"""The KV cache tileops attention reads: a transformers ``Cache`` whose layers hold a
-``tileops.serving.PagedKVCache`` each, in the paged layout the attention ops take.
+"""The KV cache tileops attention reads: a transformers ``Cache`` over one
+``tileops.serving.PagedKVCache`` with a K and a V pool per decoder layer, in the paged
+layout the attention ops take.
 
-Padding is never cached: sequence b of a batch holds its real tokens only (a left-padded
-prompt's pads are dropped at prefill). ``get_seq_length`` still counts every position the
-model has seen, pads included, because that is what transformers' masks and ``generate``
-count. A decode step appends one row per sequence and the decode op reads the pages in
-place: no per-step copy of the cache.
+Every layer holds the same positions of the same sequences, so the page table (which
+pages a sequence holds, how many tokens) is one for the whole model, and so are the
+tensors the attention op reads beside the pools: a forward's first attention layer
+reserves the pages of the new tokens and makes the lengths, offsets and block table
+(``Step``); every other layer reuses them. The attention op
+(``GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp``) writes each layer's new keys and
+values into that layer's pools itself and reads the cache in place: a decode step copies
+nothing and does its bookkeeping once, not once per layer.
+
+Padding is never cached: sequence b holds its real tokens only (a left-padded prompt's
+pads are dropped at prefill). ``get_seq_length`` still counts every position the model
+has seen, pads included, because that is what transformers' masks and ``generate`` count.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from tileops.serving import PagedKVCache
 
-__all__ = ["TileopsCache", "TileopsCacheLayer"]
+__all__ = ["TileopsCache", "TileopsCacheLayer", "Step", "new_token_counts"]
 
 PAGE_SIZE = 16
 MIN_DECODE_ROOM = 256  # tokens per sequence the first pool holds past its prompt
+MIN_TABLE_WIDTH = 16  # block table columns (pages per sequence), doubled as sequences grow
+I32 = torch.int32
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one forward adds, for every layer: ``counts[b]`` new real tokens of sequence b
+    after its ``cached[b]``; the int32 tensors the paged attention op reads."""
+
+    q_len: int  # positions of this forward per sequence, pads included
+    counts: tuple[int, ...]
+    cached: tuple[int, ...]
+    cu_seqlens_q: torch.Tensor  # [B + 1] over the packed real tokens
+    cache_seqlens: torch.Tensor  # [B]: cached before this forward
+    block_table: torch.Tensor  # [B, width]
+
+    @property
+    def width(self) -> int:
+        return int(self.block_table.shape[1])
 
 
 class TileopsCacheLayer(CacheLayerMixin):
-    """One layer's paged K/V. The pool is made at the first append, sized for the prompt
-    plus MIN_DECODE_ROOM tokens per sequence, and doubled (one copy) when it runs out."""
+    """One decoder layer's view of a ``TileopsCache``: the positions it has seen. Its
+    tokens live in the shared ``PagedKVCache`` (``cache.paged.layer(index)``)."""
 
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, page_size: int = PAGE_SIZE) -> None:
+    def __init__(self, cache: TileopsCache, index: int) -> None:
         super().__init__()
-        self.page_size = page_size
-        self.paged: PagedKVCache | None = None
-        self.seqs: list[int] = []
+        self.cache, self.index = cache, index
         self.seen = 0  # positions seen, pads included (transformers' sequence length)
-        self._table: torch.Tensor | None = None  # block table, remade when pages change
 
     # ---- transformers' layer API ------------------------------------------------------
 
@@ -58,60 +84,26 @@ class TileopsCacheLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.paged, self.seqs, self.seen, self._table = None, [], 0, None
-        self.is_initialized = False
+        self.cache.reset()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("TileopsCache does not reorder sequences (beam search is not served)")
 
     # ---- what tileops attention uses ----------------------------------------------------
 
-    def lengths(self, batch: int) -> list[int]:
-        """Real tokens cached per sequence (0 for a batch not seen yet)."""
-        if self.paged is None:
-            return [0] * batch
-        if batch != len(self.seqs):
-            raise ValueError(f"TileopsCache holds {len(self.seqs)} sequences, got a batch of {batch}")
-        return [self.paged.seqlen(s) for s in self.seqs]
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, counts: list[int]) -> None:
-        """k, v [sum(counts), H_kv, D]: counts[b] new real tokens of sequence b."""
-        if self.paged is None:
-            self._make(len(counts), k, max(counts))
-        need = sum(max(0, -(-(self.paged.seqlen(s) + n) // self.page_size) - len(self.paged.pages(s)))
-                   for s, n in zip(self.seqs, counts))
-        if need > self.paged.num_free_pages:
-            self._grow(need)
-        pages_before = self.paged.num_free_pages
-        self.paged.append(self.seqs, k, v, counts=counts)
-        if self.paged.num_free_pages != pages_before:
-            self._table = None
-
-    def block_table(self) -> torch.Tensor:
-        if self._table is None:
-            width = max(1, max(len(self.paged.pages(s)) for s in self.seqs))
-            self._table = self.paged.block_table(self.seqs, max_pages=width)
-        return self._table
-
-    def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
-        # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.
-        pages = batch * -(-(max(longest, 1) + MIN_DECODE_ROOM) // self.page_size)
-        self.paged = PagedKVCache(pages, self.page_size, k.shape[1], k.shape[2], dtype=k.dtype, device=k.device,
-                                  max_pages_per_seq=1 << 20)
-        self.seqs = [self.paged.add_sequence() for _ in range(batch)]
-        self.is_initialized = True
-
-    def _grow(self, need: int) -> None:
-        """At least `need` more free pages, doubling the pool (one copy of the pages)."""
-        held = self.paged.num_pages - self.paged.num_free_pages
-        self.paged.grow(max(2 * self.paged.num_pages, held + need))
-        self._table = None
+    def pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (k_pages, v_pages)."""
+        return self.cache.paged.layer(self.index)
 
 
 class TileopsCache(Cache):
     """A transformers cache in tileops' paged layout, one ``TileopsCacheLayer`` per decoder
-    layer. Pass it as ``past_key_values`` (transformers < 5.40 also takes ``cache=``), or
-    let an enabled model make it: ``generate`` and ``forward(use_cache=True)`` do."""
+    layer over one page table. Pass it as ``past_key_values`` (transformers < 5.40 also
+    takes ``cache=``), or let an enabled model make it: ``generate`` and
+    ``forward(use_cache=True)`` do.
+
+    The pool is made at the first forward, sized for the prompt plus MIN_DECODE_ROOM tokens
+    per sequence, and doubled (one copy of every layer's pools) when it runs out."""
 
     def __init__(self, config=None, num_layers: int | None = None, page_size: int = PAGE_SIZE) -> None:
         if num_layers is None:
@@ -119,4 +111,97 @@ class TileopsCache(Cache):
                 raise TypeError("TileopsCache needs config= (the model's) or num_layers=")
             text = config.get_text_config() if hasattr(config, "get_text_config") else config
             num_layers = text.num_hidden_layers
-        super().__init__(layers=[TileopsCacheLayer(page_size) for _ in range(num_layers)])
+        super().__init__(layers=[TileopsCacheLayer(self, i) for i in range(num_layers)])
+        self.page_size = page_size
+        self.paged: PagedKVCache | None = None
+        self.seqs: list[int] = []
+        self.seen = 0  # positions the page table holds, pads included
+        self.step: Step | None = None  # the forward in progress (or the last one)
+
+    def reset(self) -> None:
+        self.paged, self.seqs, self.seen, self.step = None, [], 0, None
+        for layer in self.layers:
+            layer.seen = 0
+            layer.is_initialized = False
+
+    def lengths(self, batch: int) -> list[int]:
+        """Real tokens cached per sequence (0s for a batch not seen yet)."""
+        if self.paged is None:
+            return [0] * batch
+        if batch != len(self.seqs):
+            raise ValueError(f"TileopsCache holds {len(self.seqs)} sequences, got a batch of {batch}")
+        return [self.paged.seqlen(s) for s in self.seqs]
+
+    def step_for(self, layer: TileopsCacheLayer, q_len: int, attention_mask: torch.Tensor | None,
+                 k: torch.Tensor) -> Step:
+        """The step of ``layer``'s forward: begun by the first layer to arrive (pages
+        reserved, lengths advanced, tensors made), reused by the others."""
+        batch = k.shape[0]
+        if layer.seen == self.seen:  # the first layer of a new forward
+            cached = self.lengths(batch)
+            counts = new_token_counts(attention_mask, batch, q_len, cached)
+            self.step = self._begin(q_len, counts, cached, k)
+            self.seen += q_len
+        elif (self.step is None or layer.seen + q_len != self.seen or self.step.q_len != q_len
+              or len(self.step.counts) != batch):
+            raise RuntimeError(
+                f"TileopsCache: layer {layer.index} has seen {layer.seen} positions and got {q_len} more, "
+                f"but the cache's forward covers positions up to {self.seen}: every layer must run every "
+                "forward, in order (a fresh cache per generation)"
+            )
+        layer.seen += q_len
+        layer.is_initialized = True
+        return self.step
+
+    def _begin(self, q_len: int, counts: list[int], cached: list[int], k: torch.Tensor) -> Step:
+        device = k.device
+        if self.paged is None:
+            self._make(len(counts), k, max(counts))
+        need = sum(max(0, -(-(c + n) // self.page_size) - len(self.paged.pages(s)))
+                   for s, c, n in zip(self.seqs, cached, counts))
+        if need > self.paged.num_free_pages:
+            held = self.paged.num_pages - self.paged.num_free_pages
+            self.paged.grow(max(2 * self.paged.num_pages, held + need))
+        changed = self.paged.reserve(self.seqs, counts)
+        self.paged.advance(self.seqs, counts)
+        last = self.step
+        if last is not None and not changed and last.counts == tuple(counts) and len(last.counts) == len(self.seqs):
+            table, cu = last.block_table, last.cu_seqlens_q  # the same pages and chunk shape
+        else:
+            widest = max(len(self.paged.pages(s)) for s in self.seqs)
+            width = MIN_TABLE_WIDTH
+            while width < widest:
+                width *= 2
+            table = self.paged.block_table(self.seqs, max_pages=width)
+            cu = PagedKVCache.cu_seqlens(counts, device)
+        return Step(q_len, tuple(counts), tuple(cached), cu, torch.tensor(cached, dtype=I32, device=device), table)
+
+    def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
+        # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.
+        pages = batch * -(-(max(longest, 1) + MIN_DECODE_ROOM) // self.page_size)
+        self.paged = PagedKVCache(pages, self.page_size, k.shape[2], k.shape[3], dtype=k.dtype, device=k.device,
+                                  max_pages_per_seq=1 << 20, num_layers=len(self.layers))
+        self.seqs = [self.paged.add_sequence() for _ in range(batch)]
+
+
+def new_token_counts(attention_mask: torch.Tensor | None, batch: int, q_len: int, cached: list[int]) -> list[int]:
+    """Real new tokens per request from the 2-D padding mask: they must be the last ones
+    of the chunk (left padding), and a request that has cached tokens gets no pads."""
+    if attention_mask is None:
+        return [q_len] * batch
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2:
+        raise ValueError(
+            "tileops attention takes the 2-D padding mask [batch, kv_len] that its mask function "
+            "(AttentionMaskInterface 'tileops') makes, got "
+            f"{getattr(attention_mask, 'shape', type(attention_mask).__name__)}: a custom 4-D mask is not served"
+        )
+    new = attention_mask[:, -q_len:].to(torch.bool)
+    counts = new.sum(dim=1)
+    left_padded = torch.arange(q_len, device=new.device)[None, :] >= (q_len - counts)[:, None]
+    counts = counts.tolist()
+    if not bool(torch.equal(new, left_padded)) or any(c and n != q_len for c, n in zip(cached, counts)):
+        raise ValueError(
+            "tileops attention serves left padding only: each row of attention_mask must be 0s then 1s "
+            "(pass padding_side='left' to the tokenizer)"
+        )
+    return counts

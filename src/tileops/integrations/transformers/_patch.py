@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _attention
+from . import _attention, _fusion
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -88,7 +88,10 @@ def _rmsnorm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     st = self._tileops
     x2 = x.reshape(-1, x.shape[-1])
-    gate_up = torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1)  # [M, 2I]: gate | value
+    if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
+        gate_up = st.gate_up(x2.contiguous())
+    else:
+        gate_up = torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1)  # [M, 2I]: gate | value
     return self.down_proj(st.act(gate_up)).view(*x.shape[:-1], -1)
 
 
@@ -104,9 +107,16 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
         )
     batch, q_len, _ = hidden_states.shape
     dim = self.head_dim
-    q = self.q_proj(hidden_states).view(batch * q_len, -1, dim)
-    k = self.k_proj(hidden_states).view(batch * q_len, -1, dim)
-    v = self.v_proj(hidden_states).view(batch, q_len, -1, dim)
+    if getattr(st, "qkv", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
+        qkv = st.qkv(hidden_states.reshape(batch * q_len, -1).contiguous())
+        nq, nk, _ = st.qkv.sizes
+        q = qkv[:, :nq].reshape(batch * q_len, -1, dim)
+        k = qkv[:, nq:nq + nk].reshape(batch * q_len, -1, dim)
+        v = qkv[:, nq + nk:].reshape(batch, q_len, -1, dim)
+    else:
+        q = self.q_proj(hidden_states).view(batch * q_len, -1, dim)
+        k = self.k_proj(hidden_states).view(batch * q_len, -1, dim)
+        v = self.v_proj(hidden_states).view(batch, q_len, -1, dim)
     if st.qk_norm:
         q, k = self.q_norm(q), self.k_norm(k)
     if position_ids is None:
@@ -116,11 +126,8 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
         raise ValueError(f"{st.name}: position {int(pos.max())} is past max_position_embeddings={st.max_position}")
     q, k = st.rope(q, pos), st.rope(k, pos)
     heads, heads_kv = q.shape[1], k.shape[1]
-    out, _ = _attention.tileops_attention(
-        self, q.view(batch, q_len, heads, dim).transpose(1, 2), k.view(batch, q_len, heads_kv, dim).transpose(1, 2),
-        v.transpose(1, 2), attention_mask, scaling=st.scaling, sliding_window=st.window, softcap=st.softcap,
-        tileops_cache=cache,
-    )
+    out = _attention.attend(self, q.view(batch, q_len, heads, dim), k.view(batch, q_len, heads_kv, dim), v,
+                            attention_mask, cache, scaling=st.scaling, sliding_window=st.window, softcap=st.softcap)
     return self.o_proj(out.reshape(batch, q_len, heads * dim)), None
 
 
@@ -238,8 +245,8 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
             max_position=int(config.max_position_embeddings),
             prefill=_memo(lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
                 mq, mk, True, s, c, w, -1, target=plan.target)),
-            decode=_memo(lambda s, c, w: ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(
-                PAGE_SIZE, s, c, w, target=plan.target)),
+            paged=_memo(lambda width, mq, s, c, w: ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
+                width, PAGE_SIZE, mq, True, s, c, w, target=plan.target)),
         )))
     for name, module, state in staged:
         plan.add("attention", name, module, _attention_forward, **state)
@@ -306,7 +313,8 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     if getattr(config, "final_logit_softcapping", None):
         plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
     plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
-    plan.report.on_torch.append(("decoder layers", "residual adds", "torch add between tileops ops"))
+    plan.report.on_torch.append(("decoder layers", "the residual add after the MLP",
+                                 "torch add (the one after attention is fused with the next norm)"))
     return plan
 
 
@@ -318,10 +326,12 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
     the module, the feature and the config value; ``strict=False`` keeps those on torch
     and lists them in the report instead. Revert with ``disable(model)``."""
     plan = _plan(model, strict, target)
+    _fusion.plan_fusions(model, plan, _ops(), target)
     _attention.register()
     for module, _kind, state, forward in plan.patches:
         module._tileops = state
         module.forward = types.MethodType(forward, module)
+    _fusion.apply_fusions(model)
     saved = {"attn": model.config._attn_implementation}
     if plan.report.count("attention"):
         model.config._attn_implementation = _attention.NAME
@@ -341,6 +351,7 @@ def disable(model: nn.Module) -> None:
     saved = getattr(model, "_tileops_enabled", None)
     if not saved:
         raise ValueError(f"{type(model).__name__} is not enabled (tileops.integrations.transformers.enable(model))")
+    _fusion.undo_fusions(model)
     for module in model.modules():
         if "_tileops" in module.__dict__:  # patched by enable: forward and state go
             del module._tileops
