@@ -329,6 +329,18 @@ def test_a_training_mode_model_and_a_second_enable_are_refused():
         hf.enable(model, target=TARGET)
 
 
+def test_a_position_past_max_position_embeddings_is_refused_even_in_a_reused_tensor():
+    model = _model("llama", max_position_embeddings=16)
+    hf.enable(model, target=TARGET)
+    ids = torch.randint(1, 128, (1, 4))
+    pos = torch.arange(4)[None]
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=pos)  # every layer checks this tensor once
+        pos[0, -1] = 16  # the same tensor, changed in place
+        with pytest.raises(ValueError, match="position 16 is past max_position_embeddings=16"):
+            model(input_ids=ids, position_ids=pos)
+
+
 def test_right_padding_is_refused_at_the_call_not_served_wrong():
     model = _model("llama")
     hf.enable(model, target=TARGET)

@@ -108,11 +108,10 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
     batch, q_len, _ = hidden_states.shape
     dim = self.head_dim
     if getattr(st, "qkv", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
-        qkv = st.qkv(hidden_states.reshape(batch * q_len, -1).contiguous())
         nq, nk, _ = st.qkv.sizes
-        q = qkv[:, :nq].reshape(batch * q_len, -1, dim)
-        k = qkv[:, nq:nq + nk].reshape(batch * q_len, -1, dim)
-        v = qkv[:, nq + nk:].reshape(batch, q_len, -1, dim)
+        heads = st.qkv(hidden_states.reshape(batch * q_len, -1).contiguous()).view(batch * q_len, -1, dim)
+        q, k, v = heads[:, : nq // dim], heads[:, nq // dim : (nq + nk) // dim], heads[:, (nq + nk) // dim :]
+        v = v.reshape(batch, q_len, -1, dim)  # a view when the slice is contiguous (one row)
     else:
         q = self.q_proj(hidden_states).view(batch * q_len, -1, dim)
         k = self.k_proj(hidden_states).view(batch * q_len, -1, dim)
@@ -122,8 +121,7 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
     if position_ids is None:
         raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
     pos = position_ids.expand(batch, q_len).reshape(-1)
-    if q_len and int(pos.max()) >= st.max_position:
-        raise ValueError(f"{st.name}: position {int(pos.max())} is past max_position_embeddings={st.max_position}")
+    st.positions.check(position_ids, pos, st.name)
     q, k = st.rope(q, pos), st.rope(k, pos)
     heads, heads_kv = q.shape[1], k.shape[1]
     out = _attention.attend(self, q.view(batch, q_len, heads, dim), k.view(batch, q_len, heads_kv, dim), v,
@@ -228,6 +226,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         plan.refuse("attention", "bidirectional attention", "config use_bidirectional_attention=True")
         return
     staged = []
+    positions = _PositionCheck(int(config.max_position_embeddings))  # one for every layer
     for name, module in attentions:
         rope = _rope_op(config, module, name, plan)
         if rope is None:
@@ -242,7 +241,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         qk_norm = hasattr(module, "q_norm")
         staged.append((name, module, dict(
             rope=rope, window=window, softcap=softcap, scaling=module.scaling, qk_norm=qk_norm,
-            max_position=int(config.max_position_embeddings),
+            positions=positions,
             prefill=_memo(lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
                 mq, mk, True, s, c, w, -1, target=plan.target)),
             paged=_memo(lambda width, mq, s, c, w: ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
@@ -250,6 +249,23 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         )))
     for name, module, state in staged:
         plan.add("attention", name, module, _attention_forward, **state)
+
+
+class _PositionCheck:
+    """Refuses positions past max_position_embeddings (the RoPE ops' tables end there),
+    once per position tensor: every layer of a forward gets the same one. A tensor changed
+    in place since (its version moved) is checked again."""
+
+    def __init__(self, max_position: int) -> None:
+        self.max_position = max_position
+        self.seen: tuple[torch.Tensor, int] | None = None  # a strong reference: its id stays its own
+
+    def check(self, position_ids: torch.Tensor, flat: torch.Tensor, module: str) -> None:
+        if self.seen is not None and self.seen[0] is position_ids and self.seen[1] == position_ids._version:
+            return
+        if flat.numel() and int(flat.max()) >= self.max_position:
+            raise ValueError(f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}")
+        self.seen = (position_ids, position_ids._version)
 
 
 def _memo(make: Any) -> Any:
