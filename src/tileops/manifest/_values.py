@@ -100,6 +100,8 @@ def _int_param(rule: ValueRule, name: str, params: Mapping[str, Any]) -> int:
     value = params[name]
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"value rule `{rule.text}` needs param {name!r} as an int, got {value!r}")
+    if not -(2**63) <= value < 2**63:  # the checks compute in int64
+        raise ValueError(f"param {name!r} must fit in int64 (value rule `{rule.text}`), got {value}")
     return value
 
 

@@ -176,10 +176,11 @@ class Op:
         )
         if entry.value_rules:
             slots = {name: index for index, name in enumerate(entry.input_names())}
-            self._dispatcher.set_value_rules(
-                [rule.compiled(self.params, slots) for rule in entry.value_rules],
-                list(entry.input_names()),
-            )
+            try:
+                rules = [rule.compiled(self.params, slots) for rule in entry.value_rules]
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"{type(self).__name__}: {error}") from None
+            self._dispatcher.set_value_rules(rules, list(entry.input_names()))
         self._dispatch = self._dispatcher.entry()  # what forward calls: vectorcall, no tuple
         self._configure_return()
 
