@@ -58,7 +58,73 @@ inline F vsoftcap(F s, float cap) {
 constexpr int64_t kAttnBQ = 32;
 constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
 
-template <class T>
+// How prefill computes its dot products: a policy with the layouts of the query rows, the
+// key block and the value block, the 4-row x W-key scores and the 4-row P V update. Here
+// in float: the query rows are scaled floats [rows][Dp], the key block is transposed to
+// floats Kt[D][kAttnBK], the value block is floats V[kAttnBK][Dp], and each is a run of
+// broadcast FMAs. An ISA extension (kernels/attention_avx512_bf16.h) keeps them in
+// bfloat16 pairs instead and scales the scores afterwards.
+struct FloatPrefillScores {
+  static constexpr bool kScaled = true;  // the query rows carry the scale
+  static int64_t key_floats(int64_t D) { return D * kAttnBK; }
+  template <class T>
+  static void load_query(float* row, const T* src, int64_t D, int64_t Dp, float scale) {
+    for (int64_t d = 0; d < D; ++d) row[d] = tnc::to_float(src[d]) * scale;
+    for (int64_t d = D; d < Dp; ++d) row[d] = 0.f;
+  }
+  template <class T>
+  static void load_key(float* Kt, int64_t j, const T* ks, int64_t D) {  // ks null: a dead key
+    for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = ks ? tnc::to_float(ks[d]) : 0.f;
+  }
+  static int64_t value_floats(int64_t Dp) { return kAttnBK * Dp; }
+  // the block's value rows as floats V[kAttnBK][Dp]; vs[j] null: a dead key (zeros)
+  template <class T>
+  static void load_values(float* V, const T* const vs[kAttnBK], int64_t D, int64_t Dp) {
+    for (int64_t j = 0; j < kAttnBK; ++j) {
+      float* dst = V + j * Dp;
+      if (vs[j] == nullptr) {
+        for (int64_t d = 0; d < Dp; ++d) dst[d] = 0.f;
+        continue;
+      }
+      for (int64_t d = 0; d < D; d += W) storec(dst + d, loadc(vs[j] + d, D - d), D - d);
+      for (int64_t d = D; d < Dp; ++d) dst[d] = 0.f;
+    }
+  }
+  // o[i][0 .. Dp) += p[i][0 .. bk) . V for four rows (rn of them live)
+  static void accumulate(float* const o[4], int rn, const float* const p[4], const float* V, int64_t bk, int64_t Dp) {
+    for (int64_t d = 0; d < Dp; d += W) {
+      F o0 = S::load(o[0] + d);
+      F o1 = rn > 1 ? S::load(o[1] + d) : S::zero();
+      F o2 = rn > 2 ? S::load(o[2] + d) : S::zero();
+      F o3 = rn > 3 ? S::load(o[3] + d) : S::zero();
+      for (int64_t j = 0; j < bk; ++j) {
+        const F vv = S::load(V + j * Dp + d);
+        o0 = S::fma(S::set1(p[0][j]), vv, o0);
+        o1 = S::fma(S::set1(p[1][j]), vv, o1);
+        o2 = S::fma(S::set1(p[2][j]), vv, o2);
+        o3 = S::fma(S::set1(p[3][j]), vv, o3);
+      }
+      S::store(o[0] + d, o0);
+      if (rn > 1) S::store(o[1] + d, o1);
+      if (rn > 2) S::store(o[2] + d, o2);
+      if (rn > 3) S::store(o[3] + d, o3);
+    }
+  }
+  // s[i] = scores of query row q[i] against keys c .. c + W - 1 of the block
+  static void block(const float* const q[4], const float* Kt, int64_t c, int64_t D, int64_t, F s[4]) {
+    F s0 = S::zero(), s1 = S::zero(), s2 = S::zero(), s3 = S::zero();
+    for (int64_t d = 0; d < D; ++d) {
+      const F kv = S::load(Kt + d * kAttnBK + c);
+      s0 = S::fma(S::set1(q[0][d]), kv, s0);
+      s1 = S::fma(S::set1(q[1][d]), kv, s1);
+      s2 = S::fma(S::set1(q[2][d]), kv, s2);
+      s3 = S::fma(S::set1(q[3][d]), kv, s3);
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+  }
+};
+
+template <class T, class Scores = FloatPrefillScores>
 void attention(const tnc::AttentionArgs& a, int threads) {
   const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
   struct Item {
@@ -76,8 +142,8 @@ void attention(const tnc::AttentionArgs& a, int threads) {
     float* P = O + rows_max * Dp;
     float* Mx = P + rows_max * kAttnBK;
     float* L = Mx + rows_max;
-    float* Kt = scratch(static_cast<size_t>(D * kAttnBK), 1);
-    float* V = scratch(static_cast<size_t>(kAttnBK * Dp), 2);
+    float* Kt = scratch(static_cast<size_t>(Scores::key_floats(D)), 1);
+    float* V = scratch(static_cast<size_t>(Scores::value_floats(Dp)), 2);
     for (int64_t item = i0; item < i1; ++item) {
       const auto [b, hkv, q0] = work[static_cast<size_t>(item)];
       const int64_t bq = std::min(kAttnBQ, a.q_len[b] - q0);
@@ -85,9 +151,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
       for (int64_t g = 0; g < G; ++g)
         for (int64_t i = 0; i < bq; ++i) {
           const T* src = static_cast<const T*>(a.q) + (qrow0 + i) * q_tok + (hkv * G + g) * D;
-          float* dst = Q + (g * bq + i) * Dp;
-          for (int64_t d = 0; d < D; ++d) dst[d] = tnc::to_float(src[d]) * a.scale;
-          for (int64_t d = D; d < Dp; ++d) dst[d] = 0.f;
+          Scores::load_query(Q + (g * bq + i) * Dp, src, D, Dp, a.scale);
         }
       for (int64_t r = 0; r < rows; ++r) {
         Mx[r] = -std::numeric_limits<float>::infinity();
@@ -100,35 +164,22 @@ void attention(const tnc::AttentionArgs& a, int threads) {
         const int64_t bk = std::min(kAttnBK, kv_hi - k0);
         int64_t rows_k[kAttnBK];
         key_rows(a, b, k0, bk, rows_k);
+        const T* vs[kAttnBK];
         for (int64_t j = 0; j < kAttnBK; ++j) {
-          float* vdst = V + j * Dp;
-          if (j >= bk) {
-            for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = 0.f;
-            for (int64_t d = 0; d < Dp; ++d) vdst[d] = 0.f;
-            continue;
-          }
-          const int64_t tok = rows_k[j] * kv_tok + hkv * D;
-          const T* ks = static_cast<const T*>(a.k) + tok;
-          const T* vs = static_cast<const T*>(a.v) + tok;
-          for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = tnc::to_float(ks[d]);
-          for (int64_t d = 0; d < D; d += W) storec(vdst + d, loadc(vs + d, D - d), D - d);
-          for (int64_t d = D; d < Dp; ++d) vdst[d] = 0.f;
+          const int64_t tok = j < bk ? rows_k[j] * kv_tok + hkv * D : 0;
+          Scores::load_key(Kt, j, j < bk ? static_cast<const T*>(a.k) + tok : nullptr, D);
+          vs[j] = j < bk ? static_cast<const T*>(a.v) + tok : nullptr;
         }
+        Scores::load_values(V, vs, D, Dp);
         // scores, four query rows at a time
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const float* q[4];
           for (int i = 0; i < 4; ++i) q[i] = Q + std::min(r0 + i, rows - 1) * Dp;
           for (int64_t c = 0; c < kAttnBK; c += W) {
-            F s0 = S::zero(), s1 = S::zero(), s2 = S::zero(), s3 = S::zero();
-            for (int64_t d = 0; d < D; ++d) {
-              const F kv = S::load(Kt + d * kAttnBK + c);
-              s0 = S::fma(S::set1(q[0][d]), kv, s0);
-              s1 = S::fma(S::set1(q[1][d]), kv, s1);
-              s2 = S::fma(S::set1(q[2][d]), kv, s2);
-              s3 = S::fma(S::set1(q[3][d]), kv, s3);
-            }
-            F s[4] = {s0, s1, s2, s3};
+            F s[4];
+            Scores::block(q, Kt, c, D, Dp, s);
             for (int i = 0; i < 4 && r0 + i < rows; ++i) {
+              if constexpr (!Scores::kScaled) s[i] = S::mul(s[i], S::set1(a.scale));
               if (a.softcap > 0.f) s[i] = vsoftcap(s[i], a.softcap);
               S::store(P + (r0 + i) * kAttnBK + c, s[i]);
             }
@@ -166,26 +217,14 @@ void attention(const tnc::AttentionArgs& a, int threads) {
         }
         // O += P V, four rows at a time
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-          const int64_t rn = std::min<int64_t>(4, rows - r0);
+          const int rn = static_cast<int>(std::min<int64_t>(4, rows - r0));
           const float* p[4];
-          for (int i = 0; i < 4; ++i) p[i] = P + std::min(r0 + i, rows - 1) * kAttnBK;
-          for (int64_t d = 0; d < Dp; d += W) {
-            F o0 = S::load(O + r0 * Dp + d);
-            F o1 = rn > 1 ? S::load(O + (r0 + 1) * Dp + d) : S::zero();
-            F o2 = rn > 2 ? S::load(O + (r0 + 2) * Dp + d) : S::zero();
-            F o3 = rn > 3 ? S::load(O + (r0 + 3) * Dp + d) : S::zero();
-            for (int64_t j = 0; j < bk; ++j) {
-              const F vv = S::load(V + j * Dp + d);
-              o0 = S::fma(S::set1(p[0][j]), vv, o0);
-              o1 = S::fma(S::set1(p[1][j]), vv, o1);
-              o2 = S::fma(S::set1(p[2][j]), vv, o2);
-              o3 = S::fma(S::set1(p[3][j]), vv, o3);
-            }
-            S::store(O + r0 * Dp + d, o0);
-            if (rn > 1) S::store(O + (r0 + 1) * Dp + d, o1);
-            if (rn > 2) S::store(O + (r0 + 2) * Dp + d, o2);
-            if (rn > 3) S::store(O + (r0 + 3) * Dp + d, o3);
+          float* o[4];
+          for (int i = 0; i < 4; ++i) {
+            p[i] = P + std::min(r0 + i, rows - 1) * kAttnBK;
+            o[i] = O + std::min(r0 + i, rows - 1) * Dp;
           }
+          Scores::accumulate(o, rn, p, V, bk, Dp);
         }
       }
       for (int64_t g = 0; g < G; ++g)
