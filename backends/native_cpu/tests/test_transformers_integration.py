@@ -52,20 +52,30 @@ def _config(arch: str, **extra):
     if arch == "gemma3":  # local (window 8, theta 1e4) and global (theta 1e6) layers, 1 + w norms, scale
         return c.Gemma3TextConfig(**{**COMMON, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
                                      "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh", **extra})
+    if arch == "qwen3_moe":  # layer 0 a sparse block (8 experts, top 2, renormalised), layer 1 a dense MLP
+        return c.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                   "norm_topk_prob": True, "mlp_only_layers": [1], **extra})
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama31", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "llama31", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe"]
+# what enable replaces on these 2-layer configs, where it is not 2 attentions, 2 gated MLPs, 2 x 7 + 1 linears
+COUNTS = {"qwen3_moe": {"mlp": 1, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 1}}
 
 
 def _model(arch: str, dtype: torch.dtype = torch.bfloat16, **extra):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(arch, **extra))
+    # the reference: transformers' eager attention and eager experts loop, made in `dtype` as
+    # from_pretrained(dtype=) makes it (RoPE frequencies stay float32; .to(dtype) would round them)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch, **extra), dtype=dtype,
+                                                          attn_implementation="eager", experts_implementation="eager")
     with torch.no_grad():  # random norm weights, so Gemma's (1 + w) and Llama's w both matter
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.2)
-    return model.to(dtype).eval()
+            elif ".mlp.experts." in name or name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.1)  # experts and router that weigh in the logits (the default std is 0.02)
+    return model.eval()
 
 
 def _prompt(padded: bool):
@@ -120,8 +130,8 @@ def test_logits_match_eager_at_prefill_and_every_decode_step(arch, padded):
     ids, mask = _prompt(padded)
     ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask)
     report = hf.enable(model, target=TARGET)
-    assert report.count("attention") == 2 and report.count("rmsnorm") >= 5 and report.count("mlp") == 2
-    assert report.count("linear") == 2 * 7 + 1
+    want = {"attention": 2, "mlp": 2, "linear": 2 * 7 + 1, **COUNTS.get(arch, {})}
+    assert {kind: report.count(kind) for kind in want} == want and report.count("rmsnorm") >= 5
     prefill, steps, _ = _teacher_forced(model, ids, mask, tokens)
     real = mask.bool()
     _close(prefill[real], ref_prefill[real], dtype, f"{arch} prefill")
@@ -166,7 +176,7 @@ def test_sampling_generate_runs_and_keeps_the_prompt():
     assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, : ids.shape[1]], ids)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3", "qwen3_moe"])
 def test_disable_gives_back_eager_outputs_bit_for_bit(arch):
     model = _model(arch)
     ids, mask = _prompt(True)
@@ -176,15 +186,16 @@ def test_disable_gives_back_eager_outputs_bit_for_bit(arch):
         hf.enable(model, target=TARGET)
         model(input_ids=ids, attention_mask=mask)
         hf.disable(model)
-        assert model.config._attn_implementation != hf.ATTENTION_NAME
+        assert model.config._attn_implementation == "eager" and model.config._experts_implementation == "eager"
         assert not any("forward" in m.__dict__ or "_tileops" in m.__dict__ for m in model.modules())
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
         again = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(again, generated)
 
 
-def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path):
-    model = _model("qwen2")
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_moe"])
+def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path, arch):
+    model = _model(arch)
     model.save_pretrained(tmp_path)
     ids, mask = _prompt(False)
     with torch.no_grad():
@@ -245,13 +256,18 @@ def test_a_float32_model_is_refused_with_the_dtype_to_load_with():
     assert "forward" not in model.model.layers[0].self_attn.__dict__  # nothing was patched
 
 
-def test_an_unknown_architecture_and_moe_are_refused_by_name():
+def test_an_unknown_architecture_and_other_moe_architectures_are_refused_by_name():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(hf.UnsupportedModelError, match="GPT2LMHeadModel: architecture"):
         hf.enable(gpt2.to(torch.bfloat16).eval())
-    moe = transformers.Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    with pytest.raises(hf.UnsupportedModelError, match="Qwen3MoeForCausalLM: mixture-of-experts"):
-        hf.enable(transformers.AutoModelForCausalLM.from_config(moe).to(torch.bfloat16).eval())
+    moe = dict(COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    qwen2 = transformers.Qwen2MoeConfig(**moe, shared_expert_intermediate_size=48)
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"Qwen2MoeForCausalLM: mixture-of-experts blocks with shared experts .*=48\)"):
+        hf.enable(transformers.AutoModelForCausalLM.from_config(qwen2).to(torch.bfloat16).eval())
+    mixtral = transformers.MixtralConfig(**{k: v for k, v in COMMON.items()}, num_local_experts=4)
+    with pytest.raises(hf.UnsupportedModelError, match=r"MixtralForCausalLM: .*float32.*router_jitter_noise=0.0"):
+        hf.enable(transformers.AutoModelForCausalLM.from_config(mixtral).to(torch.bfloat16).eval())
 
 
 def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_lists_it():
@@ -345,3 +361,96 @@ def test_a_cache_of_another_class_with_tokens_in_it_is_refused():
         with pytest.raises(TypeError, match="reads a TileopsCache, got DynamicCache"):
             model(input_ids=ids[:, :1], attention_mask=torch.cat([mask, mask[:, :1]], 1), use_cache=True,
                   **{_cache_kw(model): dynamic})
+
+
+# ---- Qwen3-MoE: the router and the experts ----------------------------------------------
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_the_router_selects_and_weighs_as_transformers_router_ties_included(norm_topk_prob):
+    """FusedTopKOp against Qwen3MoeTopKRouter's own forward: the same ids, and the same
+    bfloat16 weights (renormalised or not). Experts 3 and 5 have the same router row, so
+    their logits tie on every token: where they meet at the k-th place, the pick is torch.topk's."""
+    model = _model("qwen3_moe", norm_topk_prob=norm_topk_prob)
+    router = model.model.layers[0].mlp.gate
+    with torch.no_grad():
+        router.weight[5] = router.weight[3]
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with torch.no_grad():
+        want_logits, want_w, want_ids = type(router).forward(router, x)
+        report = hf.enable(model, target=TARGET)
+        logits, w, ids = router(x)
+    assert report.count("moe router") == 1 and "forward" in router.__dict__
+    one_of_the_pair = (want_ids == 3).any(1) ^ (want_ids == 5).any(1)  # the tie sits at the k-th place
+    assert int(one_of_the_pair.sum()) >= 3, "no tie at the k-th place: the test checked nothing"
+    assert ids.dtype == want_ids.dtype and w.dtype == want_w.dtype == torch.bfloat16
+    # the same experts with the same weights (two tied ones both chosen may come in either order)
+    mine, theirs = ids.sort(1), want_ids.sort(1)
+    assert torch.equal(mine.values, theirs.values)
+    torch.testing.assert_close(logits, want_logits, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(w.gather(1, mine.indices).float(), want_w.gather(1, theirs.indices).float(),
+                               rtol=2**-8, atol=0)  # at most one bfloat16 step
+    if norm_topk_prob:
+        torch.testing.assert_close(w.float().sum(1), torch.ones(64), rtol=0.01, atol=0)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])  # the op's decode path (<= 4 tokens) and its prefill path
+def test_the_experts_run_the_routing_they_are_given(tokens):
+    model = _model("qwen3_moe")
+    experts = model.model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(tokens)])
+    w = torch.rand(tokens, 2, generator=gen).to(torch.bfloat16)
+    w[0] = torch.tensor([1.0, 0.0])  # the ends of [0, 1]: a weight of one and a chosen expert of weight zero
+    with torch.no_grad():
+        want = experts(x, ids, w)  # eager: the reference's experts_implementation
+        hf.enable(model, target=TARGET)
+        assert model.config._experts_implementation == "tileops"
+        got = experts(x, ids, w)
+    _close(got, want, torch.bfloat16, f"experts on {tokens} tokens")
+    # the routing reaches the op exactly: the same experts, the weights to float32 rounding
+    from tileops import ops  # noqa: PLC0415
+
+    got_w, got_ids = ops.FusedTopKOp(num_experts=8, top_k=2, scoring_func="sigmoid", target=TARGET)(
+        hf._moe.routing_as_logits(ids, w, 8))
+    order = got_ids.long().sort(1)
+    assert torch.equal(order.values, ids.sort(1).values)
+    torch.testing.assert_close(got_w.gather(1, order.indices), w.float().gather(1, ids.sort(1).indices),
+                               rtol=1e-5, atol=1e-30)
+
+
+def test_the_moe_block_weighs_in_the_logits_of_the_test_config():
+    """Without its experts the reference's logits move far past the tolerance: the
+    equivalence tests of qwen3_moe check the MoE path, not only what is around it."""
+    model = _model("qwen3_moe")
+    ids, mask = _prompt(False)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        model.model.layers[0].mlp.experts.down_proj.zero_()
+        without = model(input_ids=ids, attention_mask=mask).logits
+    atol, rtol = TOL[torch.bfloat16]
+    assert (full - without).abs().max() > 10 * (atol + rtol * full.abs().max())
+
+
+def test_an_unserved_experts_activation_is_refused_and_strict_false_keeps_it_on_torch():
+    model = _model("qwen3_moe", hidden_act="relu")
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"model.layers.0.mlp.experts: MoE experts \(config hidden_act='relu' \(served: silu, gelu"):
+        hf.enable(model, target=TARGET)
+    report = hf.enable(model, target=TARGET, strict=False)
+    on_torch = [(m, f) for m, f, _ in report.on_torch]
+    assert ("model.layers.0.mlp.experts", "MoE experts") in on_torch and ("model.layers.1.mlp", "gated MLP") in on_torch
+    assert report.count("moe experts") == 0 and model.config._experts_implementation == "eager"
+    ids, mask = _prompt(True)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # what stays on torch still runs
+
+
+def test_the_experts_name_alone_is_refused_on_a_model_enable_did_not_patch():
+    model = _model("qwen3_moe")
+    hf.enable(_model("qwen3_moe"), target=TARGET)  # registers "tileops" with transformers
+    model.config._experts_implementation = "tileops"
+    ids, mask = _prompt(False)
+    with pytest.raises(RuntimeError, match="call enable"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, use_cache=False)

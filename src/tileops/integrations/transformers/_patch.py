@@ -1,9 +1,11 @@
 """enable / disable: tileops ops patched into a transformers model instance.
 
-Liger-Kernel style: each served module gets a per-instance ``forward`` (and a
+Per-instance patching: each served module gets a per-instance ``forward`` (and a
 ``_tileops`` attribute holding its ops); the class and its other instances are untouched.
-``disable`` deletes both, and restores the config's attention implementation and the base
-model's forward, so the model is exactly what it was.
+MoE experts keep their forward, which dispatches through transformers' ExpertsInterface
+to ``"tileops"`` (``_moe.py``). ``disable`` deletes both, and restores the config's
+attention and experts implementations and the base model's forward, so the model is
+exactly what it was.
 
 What is served is decided up front, from the config and the module types; anything that
 cannot be served exactly is refused (``UnsupportedModelError``, naming the module, the
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _attention
+from . import _attention, _moe
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -33,13 +35,19 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
-# Architectures whose MoE blocks need ops tileops does not have yet.
-_MOE = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+# Other MoE architectures, and what in them is not served
+_MOE = {
+    "Qwen2MoeForCausalLM": "shared experts with a sigmoid gate "
+                           "(config shared_expert_intermediate_size={shared_expert_intermediate_size})",
+    "MixtralForCausalLM": "MixtralTopKRouter, not served yet (float32 routing weights, "
+                          "config router_jitter_noise={router_jitter_noise})",
+}
 _GATED_ACTS = {"silu": "SiluAndMulFwdOp", "gelu_pytorch_tanh": "GeluTanhAndMulFwdOp"}
 _RMSNORMS = {  # class name -> the weight is used as w (False) or as 1 + w (True)
     "LlamaRMSNorm": False, "MistralRMSNorm": False, "Qwen2RMSNorm": False, "Qwen3RMSNorm": False,
-    "Gemma3RMSNorm": True,
+    "Qwen3MoeRMSNorm": False, "Gemma3RMSNorm": True,
 }
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -261,8 +269,9 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     plan = _Plan(model, strict, target)
     arch = type(model).__name__
     if arch in _MOE:
-        raise UnsupportedModelError(
-            f"tileops cannot serve {arch}: mixture-of-experts blocks (tileops has no MoE routing/experts ops yet)")
+        why = _MOE[arch].format(**{k: getattr(model.config, k, None) for k in (
+            "shared_expert_intermediate_size", "router_jitter_noise")})
+        raise UnsupportedModelError(f"tileops cannot serve {arch}: mixture-of-experts blocks with {why}")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -280,6 +289,7 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     ops = _ops()
 
     _plan_attention(model, config, plan)
+    _moe.plan(model, config, plan, ops, _memo)
 
     act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     for name, module in model.named_modules():
@@ -319,10 +329,16 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
     and lists them in the report instead. Revert with ``disable(model)``."""
     plan = _plan(model, strict, target)
     _attention.register()
+    _moe.register()
     for module, _kind, state, forward in plan.patches:
         module._tileops = state
-        module.forward = types.MethodType(forward, module)
-    saved = {"attn": model.config._attn_implementation}
+        if forward is not None:  # the experts keep their forward: it dispatches through ExpertsInterface
+            module.forward = types.MethodType(forward, module)
+    saved = {"attn": model.config._attn_implementation, "experts": []}
+    experts_configs = {id(m.config): m.config for m, kind, _s, _f in plan.patches if kind == "moe experts"}
+    for config in experts_configs.values():  # the experts dispatch on their config's experts implementation
+        saved["experts"].append((config, config._experts_implementation))
+        config._experts_implementation = _moe.NAME
     if plan.report.count("attention"):
         model.config._attn_implementation = _attention.NAME
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -346,4 +362,6 @@ def disable(model: nn.Module) -> None:
             del module._tileops
             module.__dict__.pop("forward", None)
     model.config._attn_implementation = saved["attn"]
+    for config, experts_implementation in reversed(saved["experts"]):
+        config._experts_implementation = experts_implementation
     del model._tileops_enabled
