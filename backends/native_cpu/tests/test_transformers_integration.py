@@ -43,6 +43,11 @@ def _config(arch: str, **extra):
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
                 "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3}
         return c.LlamaConfig(**{**COMMON, "rope_parameters": rope, **extra})
+    if arch == "llama_linear":  # linear RoPE scaling (every frequency / factor)
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                                               "factor": 2.5}, **extra})
+    if arch == "llama_longrope":  # LongRoPE: short factors up to position 16, long ones for a call past it
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": LONGROPE, **extra})
     if arch == "mistral":  # a window shorter than the prompts
         return c.MistralConfig(**{**COMMON, "sliding_window": 8, **extra})
     if arch == "qwen2":  # q/k/v biases
@@ -58,7 +63,10 @@ def _config(arch: str, **extra):
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama31", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3", "qwen3_moe"]
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 4.0,
+            "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.9 * i for i in range(8)]}
+ARCHS = ["llama", "llama31", "llama_yarn", "llama_linear", "llama_longrope", "mistral", "qwen2", "qwen3", "gemma3",
+         "qwen3_moe"]
 # what enable replaces on these 2-layer configs, where it is not 2 attentions, 2 gated MLPs, 2 x 7 + 1 linears
 COUNTS = {"qwen3_moe": {"mlp": 1, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 1}}
 
@@ -283,19 +291,100 @@ def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_
 
 
 def test_an_unserved_rope_scaling_is_refused_and_keeps_attention_on_torch_when_not_strict():
-    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    rope = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}
     model = _model("llama", rope_parameters=rope)
-    with pytest.raises(hf.UnsupportedModelError, match=r"self_attn: rotary embedding \(rope_parameters rope_type='linear'"):
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"self_attn: rotary embedding \(rope_parameters rope_type='proportional'"):
         hf.enable(model, target=TARGET)
     report = hf.enable(model, target=TARGET, strict=False)
     assert report.count("attention") == 0 and model.config._attn_implementation != hf.ATTENTION_NAME
 
 
-def test_partial_rotary_is_refused_where_transformers_rotates_the_whole_head():
+def test_partial_rotary_is_refused_where_transformers_cannot_apply_it_and_served_where_it_ignores_it():
+    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5}
+    model = _model("qwen3", rope_parameters=rope)
+    with pytest.raises(hf.UnsupportedModelError, match=r"partial_rotary_factor=0.5 with rope_type='linear'"):
+        hf.enable(model, target=TARGET)
+    # the default RoPE of these architectures ignores the factor: its table is the whole head
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     model = _model("qwen3", rope_parameters=rope)
-    with pytest.raises(hf.UnsupportedModelError, match=r"partial_rotary_factor=0.5"):
-        hf.enable(model, target=TARGET)
+    assert model.model.rotary_emb.inv_freq.numel() * 2 == model.config.head_dim
+    ids, mask = _prompt(True)
+    ref = _teacher_forced(model, ids, mask, steps=2)
+    hf.enable(model, target=TARGET)
+    got = _teacher_forced(model, ids, mask, ref[2], steps=2)
+    _close(got[0][mask.bool()], ref[0][mask.bool()], torch.bfloat16, "prefill")
+    _close(got[1], ref[1], torch.bfloat16, "decode")
+
+
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "longrope", "llama3", "yarn"])
+def test_each_rope_type_rotates_as_transformers_rotary_embedding(kind):
+    """The op of each attention layer against transformers' own rotary module and
+    apply_rotary_pos_emb, on a call within original_max_position_embeddings and one past
+    it (LongRoPE's short and long factors), and on positions where the scaling matters.
+    The factor on cos and sin (YaRN's, LongRoPE's) is folded into the attention scale."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
+
+    arch = {"linear": "llama_linear", "longrope": "llama_longrope", "llama3": "llama31", "yarn": "llama_yarn"}
+    arch = arch.get(kind, "llama")
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    extra = {"rope_parameters": dynamic} if kind == "dynamic" else {}
+    model = _model(arch, **extra)
+    rotary = model.model.rotary_emb
+    plain = _model("llama").model.rotary_emb
+    hf.enable(model, target=TARGET)
+    st = model.model.layers[0].self_attn._tileops
+    rope = lambda x, pos: st.rope(x, pos) * st.rope_gain  # noqa: E731  (the gain is left to the attention scale)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 4, 16, generator=gen).to(torch.bfloat16)  # [T, H, D]
+
+    def rotated(x, cos, sin):  # transformers' apply_rotary_pos_emb on [T, H, D] as its [1, H, T, D]
+        heads_first = x.transpose(0, 1)[None]
+        return apply_rotary_pos_emb(heads_first, heads_first, cos, sin)[0][0].transpose(0, 1)
+
+    for pos in (torch.arange(16), torch.arange(200, 224)):  # all within 16 (LongRoPE: short), then past it (long)
+        xs = x[: pos.numel()].contiguous()
+        want = rotated(xs, *rotary(xs, pos[None]))
+        _close(rope(xs, pos), want, torch.bfloat16, f"{kind} at positions {int(pos[0])}..")
+        if kind != "dynamic" and int(pos[0]) > 0:  # the scaling matters here: plain RoPE is far off
+            assert (rotated(xs, *plain(xs, pos[None])).float() - want.float()).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("arch", ["llama_yarn", "llama_longrope"])
+def test_the_factor_on_cos_and_sin_reaches_the_attention_scores(arch):
+    """YaRN's and LongRoPE's factor on cos and sin (folded into the attention scale) on a
+    model whose attention is sharp enough for it to matter: q and k projections x 8."""
+    def sharp(attention_factor=None):
+        rope = {**_config(arch).rope_parameters}
+        if attention_factor is not None:
+            rope["attention_factor"] = attention_factor
+        model = _model(arch, rope_parameters=rope)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8)
+                layer.self_attn.k_proj.weight.mul_(8)
+        return model
+
+    model = sharp()
+    ids, mask = _prompt(True)
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=4)
+    unscaled = _teacher_forced(sharp(1.0), ids, mask, tokens, steps=4)[0]
+    atol, rtol = TOL[torch.bfloat16]
+    assert (unscaled - ref_prefill)[mask.bool()].abs().max() > 5 * (atol + rtol * ref_prefill.abs().max())
+    hf.enable(model, target=TARGET)
+    assert model.model.layers[0].self_attn._tileops.rope_gain > 1.1
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=4)
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} prefill")
+    _close(steps, ref_steps, torch.bfloat16, f"{arch} decode")
+
+
+def test_dynamic_rope_past_max_position_embeddings_is_refused_at_the_call():
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    model = _model("llama", rope_parameters=rope, max_position_embeddings=16)
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(False)
+    with pytest.raises(ValueError, match=r"position 1\d is past max_position_embeddings=16 \(dynamic NTK"):
+        _teacher_forced(model, ids, mask, steps=6)
 
 
 def test_a_training_mode_model_and_a_second_enable_are_refused():

@@ -166,7 +166,8 @@ def _experts_unserved(experts: nn.Module, config: Any) -> str | None:
               "has_post_expert_norm": False, "_is_expert_parallel": False}
     for attr, want in layout.items():
         if bool(getattr(experts, attr, want)) != want:
-            return f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, one process)"
+            return (f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, "
+                    "one process)")
     if type(experts)._apply_gate is not _default_apply_gate:
         return f"{type(experts).__name__} has its own gating (_apply_gate)"
     act = getattr(config, "hidden_act", None)

@@ -16,7 +16,6 @@ report. Nothing is guessed.
 from __future__ import annotations
 
 import inspect
-import math
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,7 +120,8 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
         raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
     pos = position_ids.expand(batch, q_len).reshape(-1)
     if q_len and int(pos.max()) >= st.max_position:
-        raise ValueError(f"{st.name}: position {int(pos.max())} is past max_position_embeddings={st.max_position}")
+        raise ValueError(f"{st.name}: position {int(pos.max())} is past max_position_embeddings={st.max_position}"
+                         + (" (dynamic NTK scaling past it is not served)" if st.rope_type == "dynamic" else ""))
     q, k = st.rope(q, pos), st.rope(k, pos)
     heads, heads_kv = q.shape[1], k.shape[1]
     out, _ = _attention.tileops_attention(
@@ -180,46 +180,93 @@ def _ops():
     return ops
 
 
-def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
-    """The position-id RoPE op for this attention module, or None (refused)."""
-    ops = _ops()
+def _rope_params(config: Any, module: nn.Module) -> dict:
     params = config.rope_parameters or {}
     layer_type = getattr(module, "layer_type", None)
     if "rope_type" not in params and layer_type in params:  # per layer type (Gemma 3)
         params = params[layer_type]
+    return params
+
+
+class _LongRope:
+    """LongRoPE as transformers applies it: the short factors while a call's positions stay
+    within original_max_position_embeddings, the long ones for a call that reaches past it
+    (transformers picks per forward call from max(position_ids) + 1, and keeps the keys it
+    cached under the other set as they are; so does the cache here)."""
+
+    def __init__(self, short: Any, long: Any, original: int) -> None:
+        self.short, self.long, self.original = short, long, original
+
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        op = self.long if pos.numel() and int(pos.max()) + 1 > self.original else self.short
+        return op(x, pos)
+
+
+def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
+    """(the position-id RoPE op for this attention module, the factor on cos and sin it leaves
+    to the attention scale), or (None, 1.0): refused."""
+    ops = _ops()
+    params = _rope_params(config, module)
     rope_type = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
-    if partial != 1.0:  # the served architectures' apply_rotary_pos_emb rotates the whole head
+    # The served architectures' default RoPE ignores partial_rotary_factor (its table covers
+    # the whole head), so the whole head rotates there, as in transformers. Scaled types
+    # build a partial table, which their apply_rotary_pos_emb cannot apply: no reference.
+    if partial != 1.0 and rope_type != "default":
         plan.refuse(name, "partial rotary embedding",
-                    f"rope_parameters partial_rotary_factor={partial}: transformers' {type(module).__name__} "
-                    "rotates the whole head")
-        return None
-    common = dict(rotary_dim=module.head_dim, target=plan.target)
+                    f"rope_parameters partial_rotary_factor={partial} with rope_type={rope_type!r}: transformers' "
+                    f"{type(module).__name__} rotates the whole head and fails on the partial table")
+        return None, 1.0
+    dim = module.head_dim
+    common = dict(rotary_dim=dim, target=plan.target)
     max_position = int(config.max_position_embeddings)
-    if rope_type == "default":
-        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
+    if rope_type in ("default", "dynamic"):
+        # dynamic NTK keeps the default frequencies while positions stay below
+        # max_position_embeddings; past it the call raises (the scaled frequencies are not served)
+        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common), 1.0
+    if rope_type == "linear":  # every frequency divided by factor: LongRoPE's per-frequency factors, all equal
+        factor = float(params["factor"])
+        return ops.RopeLongRopePositionIdsFwdOp(
+            max_position, base, rescale_factors=[factor] * (dim // 2), max_position_embeddings=max_position,
+            original_max_position_embeddings=max_position, **common), 1.0
+    if rope_type == "longrope":
+        # the factor on cos and sin (attention_factor, or transformers' default from factor)
+        # multiplies q and k alike: it is folded into the attention scale as its square
+        _, gain = _transformers_rope(config, module, "longrope")
+        kw = dict(max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common)
+        short, long = (ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(f) for f in params[k]],
+                                                        **kw) for k in ("short_factor", "long_factor"))
+        return _LongRope(short, long, int(params["original_max_position_embeddings"])), gain
     if rope_type == "llama3":
         return ops.RopeLlama31PositionIdsFwdOp(
             max_position, base, scale_factor=float(params["factor"]),
             low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]), **common)
+            original_max_position=int(params["original_max_position_embeddings"]), **common), 1.0
     if rope_type == "yarn":
-        bad = [k for k in ("mscale", "mscale_all_dim") if params.get(k)]
-        if params.get("truncate", True) is False:
-            bad.append("truncate=False")
-        if bad or params.get("factor") is None:
-            plan.refuse(name, "YaRN rotary embedding", f"rope_parameters {bad or 'without factor'} not served")
-            return None
-        factor = float(params["factor"])
-        attn = params.get("attention_factor")
-        attn = 0.1 * math.log(factor) + 1.0 if attn is None else float(attn)
-        return ops.RopeYarnPositionIdsFwdOp(
-            max_position, base, scale=factor, original_max_position=int(params["original_max_position_embeddings"]),
-            beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-            attn_factor=attn, **common)
-    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} (served: default, llama3, yarn)")
-    return None
+        # transformers' YaRN (correction dims over the whole rotary dim, interpolation f / factor)
+        # is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)): its own
+        # frequencies, as LongRoPE per-frequency factors, and its attention factor folded
+        # into the attention scale
+        inv_freq, gain = _transformers_rope(config, module, "yarn")
+        half = dim // 2
+        plain = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+        return ops.RopeLongRopePositionIdsFwdOp(
+            max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(),
+            max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common), gain
+    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} "
+                f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)")
+    return None, 1.0
+
+
+def _transformers_rope(config: Any, module: nn.Module, rope_type: str) -> tuple[torch.Tensor, float]:
+    """transformers' own (inverse frequencies, factor on cos and sin) for this layer."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
+
+    layer_type = getattr(module, "layer_type", None)
+    per_layer = "rope_type" not in (config.rope_parameters or {}) and layer_type is not None
+    inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **({"layer_type": layer_type} if per_layer else {}))
+    return inv_freq.float(), float(gain)
 
 
 def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
@@ -230,7 +277,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         return
     staged = []
     for name, module in attentions:
-        rope = _rope_op(config, module, name, plan)
+        rope, gain = _rope_op(config, module, name, plan)
         if rope is None:
             return  # every attention layer stays on torch: the config names one implementation
         window = getattr(module, "sliding_window", None)
@@ -242,8 +289,10 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         softcap = None
         qk_norm = hasattr(module, "q_norm")
         staged.append((name, module, dict(
-            rope=rope, window=window, softcap=softcap, scaling=module.scaling, qk_norm=qk_norm,
+            rope=rope, window=window, softcap=softcap, scaling=module.scaling * gain * gain, qk_norm=qk_norm,
+            rope_gain=gain,
             max_position=int(config.max_position_embeddings),
+            rope_type=_rope_params(config, module).get("rope_type", "default"),
             prefill=_memo(lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
                 mq, mk, True, s, c, w, -1, target=plan.target)),
             decode=_memo(lambda s, c, w: ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(
