@@ -417,8 +417,9 @@ def test_the_attention_name_alone_is_refused_on_a_model_enable_did_not_patch():
 
 
 def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache():
-    """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops."""
-    model = _model("qwen3", num_hidden_layers=1)
+    """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops.
+    Qwen3-MoE: a sparse block (router, experts through ExpertsInterface) and a dense MLP."""
+    model = _model("qwen3_moe")
     hf.enable(model, target=TARGET)
     ids, mask = _prompt(True)
     compiled = torch.compile(model)
@@ -543,3 +544,44 @@ def test_the_experts_name_alone_is_refused_on_a_model_enable_did_not_patch():
     ids, mask = _prompt(False)
     with pytest.raises(RuntimeError, match="call enable"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+
+# ---- softcap and scale, which no served architecture passes today ------------------------
+
+
+def test_the_attention_honours_softcap_and_scale_as_transformers_eager_attention_does():
+    """Gemma 3 keeps attn_logit_softcapping in its config but transformers never passes it;
+    a caller that does (transformers' softcap= keyword) gets it, prefill and decode."""
+    from transformers.models.gemma3.modeling_gemma3 import eager_attention_forward  # noqa: PLC0415
+
+    model = _model("gemma3")
+    attn = model.model.layers[1].self_attn  # a full-attention layer
+    hf.enable(model, target=TARGET)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, h, 13, 16, generator=gen).to(torch.bfloat16) for h in (4, 2, 2))
+    causal = torch.full((13, 13), float("-inf")).triu(1).to(torch.bfloat16)[None, None]
+    kw = dict(scaling=0.5, softcap=2.0)
+    with torch.no_grad():
+        want = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, **kw)[0]  # [B, S, H, D]
+        uncapped = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, scaling=0.5)[0]
+        cache = hf.TileopsCache(config=model.config)
+        prefill = hf._attention.tileops_attention(attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None,
+                                                  tileops_cache=cache, **kw)[0]
+        decode = hf._attention.tileops_attention(attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None,
+                                                 tileops_cache=cache, **kw)[0]
+    atol, rtol = TOL[torch.bfloat16]
+    assert (want - uncapped).abs().max() > 10 * (atol + rtol * want.abs().max())  # the cap matters here
+    _close(prefill, want[:, :12], torch.bfloat16, "softcapped prefill")
+    _close(decode, want[:, 12:], torch.bfloat16, "softcapped decode")
+
+
+def test_gemma3_final_logit_softcapping_stays_on_torch_and_matches():
+    model = _model("gemma3", final_logit_softcapping=0.5)
+    ids, mask = _prompt(True)
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=4)
+    report = hf.enable(model, target=TARGET)
+    assert ("lm_head", "final logit softcapping") in [(m, f) for m, f, _ in report.on_torch]
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=4)
+    assert ref_prefill.abs().max() < 0.5  # tanh bounds them: the cap was applied
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, "capped prefill")
+    _close(steps, ref_steps, torch.bfloat16, "capped decode")
