@@ -147,7 +147,7 @@ def test_logits_match_eager_at_prefill_and_every_decode_step(arch, padded):
         _close(steps[t], ref_steps[t], dtype, f"{arch} decode step {t}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
 def test_float16_logits_match_eager_within_its_tolerance(arch):
     model = _model(arch, torch.float16)
     ids, mask = _prompt(True)
