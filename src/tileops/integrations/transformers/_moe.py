@@ -27,7 +27,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ExpertsInterface, _default_apply_gate
+import transformers
+
+try:  # transformers 5's experts registry; without it no MoE block is served
+    from transformers.integrations.moe import ExpertsInterface
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    ExpertsInterface = None
+try:
+    from transformers.integrations.moe import _default_apply_gate
+except ImportError:  # pragma: no cover
+    _default_apply_gate = None
 
 NAME = "tileops"
 
@@ -110,7 +119,8 @@ def tileops_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
 
 def register() -> None:
     """Registers ``"tileops"`` with transformers' ExpertsInterface (idempotent)."""
-    ExpertsInterface.register(NAME, tileops_experts)
+    if ExpertsInterface is not None:
+        ExpertsInterface.register(NAME, tileops_experts)
 
 
 # ---- what can be served --------------------------------------------------------------------
@@ -160,15 +170,17 @@ def plan(model: nn.Module, config: Any, plan: Any, ops: Any, memo: Any) -> None:
 
 def _experts_unserved(experts: nn.Module, config: Any) -> str | None:
     """Why an experts module cannot run as FusedMoeFwdOp, or None."""
-    if not hasattr(experts, "has_gate"):
-        return f"{type(experts).__name__} does not dispatch through transformers' ExpertsInterface"
+    if ExpertsInterface is None or not hasattr(experts, "has_gate"):
+        return (f"{type(experts).__name__} does not dispatch through transformers' ExpertsInterface "
+                f"(transformers {transformers.__version__})")
     layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
               "has_post_expert_norm": False, "_is_expert_parallel": False}
     for attr, want in layout.items():
         if bool(getattr(experts, attr, want)) != want:
             return (f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, "
                     "one process)")
-    if type(experts)._apply_gate is not _default_apply_gate:
+    gate = getattr(type(experts), "_apply_gate", None)
+    if gate is not None and gate is not _default_apply_gate:
         return f"{type(experts).__name__} has its own gating (_apply_gate)"
     act = getattr(config, "hidden_act", None)
     if act not in _ACTS:
