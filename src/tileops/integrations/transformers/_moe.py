@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 import transformers
+from torch import nn
 
 try:  # transformers 5's experts registry; without it no MoE block is served
     from transformers.integrations.moe import ExpertsInterface
