@@ -531,6 +531,7 @@ def test_an_unserved_experts_activation_is_refused_and_strict_false_keeps_it_on_
     report = hf.enable(model, target=TARGET, strict=False)
     on_torch = [(m, f) for m, f, _ in report.on_torch]
     assert ("model.layers.0.mlp.experts", "MoE experts") in on_torch and ("model.layers.1.mlp", "gated MLP") in on_torch
+    assert ("model.layers.0.mlp.gate", "MoE router") in on_torch and "forward" not in model.model.layers[0].mlp.gate.__dict__
     assert report.count("moe experts") == 0 and model.config._experts_implementation == "eager"
     ids, mask = _prompt(True)
     with torch.no_grad():

@@ -143,13 +143,14 @@ def plan(model: nn.Module, config: Any, plan: Any, ops: Any, memo: Any) -> None:
         rcls = type(router).__name__
         if rcls not in _ROUTERS:
             plan.refuse(f"{name}.gate", "MoE router", f"{rcls}: a router whose rule tileops does not know")
+            plan.report.on_torch.append((f"{name}.experts", "MoE experts", "kept on torch with their router"))
             continue
         why = _experts_unserved(experts, config)
+        if why is None and experts.gate_up_proj.dtype not in (torch.float16, torch.bfloat16):
+            why = f"weight dtype {experts.gate_up_proj.dtype}"
         if why:
             plan.refuse(f"{name}.experts", "MoE experts", why)
-            continue
-        if experts.gate_up_proj.dtype not in (torch.float16, torch.bfloat16):
-            plan.refuse(f"{name}.experts", "MoE experts", f"weight dtype {experts.gate_up_proj.dtype}")
+            plan.report.on_torch.append((f"{name}.gate", "MoE router", "kept on torch with its experts"))
             continue
         num_experts, top_k = int(router.num_experts), int(router.top_k)
         hidden, ffn = int(experts.hidden_dim), int(experts.intermediate_dim)
