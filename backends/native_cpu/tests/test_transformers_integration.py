@@ -44,6 +44,11 @@ def _config(arch: str, **extra):
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
                 "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3}
         return c.LlamaConfig(**{**COMMON, "rope_parameters": rope, **extra})
+    if arch == "llama_linear":  # linear RoPE scaling (every frequency / factor)
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0,
+                                                               "factor": 2.5}, **extra})
+    if arch == "llama_longrope":  # LongRoPE: short factors up to position 16, long ones for a call past it
+        return c.LlamaConfig(**{**COMMON, "rope_parameters": LONGROPE, **extra})
     if arch == "mistral":  # a window shorter than the prompts
         return c.MistralConfig(**{**COMMON, "sliding_window": 8, **extra})
     if arch == "qwen2":  # q/k/v biases
@@ -53,20 +58,33 @@ def _config(arch: str, **extra):
     if arch == "gemma3":  # local (window 8, theta 1e4) and global (theta 1e6) layers, 1 + w norms, scale
         return c.Gemma3TextConfig(**{**COMMON, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
                                      "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh", **extra})
+    if arch == "qwen3_moe":  # layer 0 a sparse block (8 experts, top 2, renormalised), layer 1 a dense MLP
+        return c.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                   "norm_topk_prob": True, "mlp_only_layers": [1], **extra})
     raise KeyError(arch)
 
 
-ARCHS = ["llama", "llama31", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma3"]
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 4.0,
+            "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.9 * i for i in range(8)]}
+ARCHS = ["llama", "llama31", "llama_yarn", "llama_linear", "llama_longrope", "mistral", "qwen2", "qwen3", "gemma3",
+         "qwen3_moe"]
+# what enable replaces on these 2-layer configs, where it is not 2 attentions, 2 gated MLPs, 2 x 7 + 1 linears
+COUNTS = {"qwen3_moe": {"mlp": 1, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 1}}
 
 
 def _model(arch: str, dtype: torch.dtype = torch.bfloat16, **extra):
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(arch, **extra))
+    # the reference: transformers' eager attention and eager experts loop, made in `dtype` as
+    # from_pretrained(dtype=) makes it (RoPE frequencies stay float32; .to(dtype) would round them)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch, **extra), dtype=dtype,
+                                                          attn_implementation="eager", experts_implementation="eager")
     with torch.no_grad():  # random norm weights, so Gemma's (1 + w) and Llama's w both matter
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.2)
-    return model.to(dtype).eval()
+            elif ".mlp.experts." in name or name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.1)  # experts and router that weigh in the logits (the default std is 0.02)
+    return model.eval()
 
 
 def _prompt(padded: bool):
@@ -121,8 +139,8 @@ def test_logits_match_eager_at_prefill_and_every_decode_step(arch, padded):
     ids, mask = _prompt(padded)
     ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask)
     report = hf.enable(model, target=TARGET)
-    assert report.count("attention") == 2 and report.count("rmsnorm") >= 5 and report.count("mlp") == 2
-    assert report.count("linear") == 2 * 7 + 1
+    want = {"attention": 2, "mlp": 2, "linear": 2 * 7 + 1, **COUNTS.get(arch, {})}
+    assert {kind: report.count(kind) for kind in want} == want and report.count("rmsnorm") >= 5
     prefill, steps, _ = _teacher_forced(model, ids, mask, tokens)
     real = mask.bool()
     _close(prefill[real], ref_prefill[real], dtype, f"{arch} prefill")
@@ -130,7 +148,7 @@ def test_logits_match_eager_at_prefill_and_every_decode_step(arch, padded):
         _close(steps[t], ref_steps[t], dtype, f"{arch} decode step {t}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
 def test_float16_logits_match_eager_within_its_tolerance(arch):
     model = _model(arch, torch.float16)
     ids, mask = _prompt(True)
@@ -167,7 +185,7 @@ def test_sampling_generate_runs_and_keeps_the_prompt():
     assert out.shape == (2, ids.shape[1] + 6) and torch.equal(out[:, : ids.shape[1]], ids)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3", "qwen3_moe"])
 def test_disable_gives_back_eager_outputs_bit_for_bit(arch):
     model = _model(arch)
     ids, mask = _prompt(True)
@@ -177,7 +195,7 @@ def test_disable_gives_back_eager_outputs_bit_for_bit(arch):
         hf.enable(model, target=TARGET)
         model(input_ids=ids, attention_mask=mask)
         hf.disable(model)
-        assert model.config._attn_implementation != hf.ATTENTION_NAME
+        assert model.config._attn_implementation == "eager" and model.config._experts_implementation == "eager"
         assert not any("forward" in m.__dict__ or "_tileops" in m.__dict__ for m in model.modules())
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, before)
         again = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -219,8 +237,9 @@ def test_a_layer_with_a_piece_on_torch_keeps_transformers_layer_forward():
     _close(got[mask.bool()], ref[mask.bool()], torch.bfloat16, "relu MLP on torch")
 
 
-def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path):
-    model = _model("qwen2")
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_moe"])
+def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path, arch):
+    model = _model(arch)
     model.save_pretrained(tmp_path)
     ids, mask = _prompt(False)
     with torch.no_grad():
@@ -282,13 +301,18 @@ def test_a_float32_model_is_refused_with_the_dtype_to_load_with():
     assert "forward" not in model.model.layers[0].self_attn.__dict__  # nothing was patched
 
 
-def test_an_unknown_architecture_and_moe_are_refused_by_name():
+def test_an_unknown_architecture_and_other_moe_architectures_are_refused_by_name():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(hf.UnsupportedModelError, match="GPT2LMHeadModel: architecture"):
         hf.enable(gpt2.to(torch.bfloat16).eval())
-    moe = transformers.Qwen3MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    with pytest.raises(hf.UnsupportedModelError, match="Qwen3MoeForCausalLM: mixture-of-experts"):
-        hf.enable(transformers.AutoModelForCausalLM.from_config(moe).to(torch.bfloat16).eval())
+    moe = dict(COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    qwen2 = transformers.Qwen2MoeConfig(**moe, shared_expert_intermediate_size=48)
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"Qwen2MoeForCausalLM: mixture-of-experts blocks with shared experts .*=48\)"):
+        hf.enable(transformers.AutoModelForCausalLM.from_config(qwen2).to(torch.bfloat16).eval())
+    mixtral = transformers.MixtralConfig(**{k: v for k, v in COMMON.items()}, num_local_experts=4)
+    with pytest.raises(hf.UnsupportedModelError, match=r"MixtralForCausalLM: .*float32.*router_jitter_noise=0.0"):
+        hf.enable(transformers.AutoModelForCausalLM.from_config(mixtral).to(torch.bfloat16).eval())
 
 
 def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_lists_it():
@@ -304,19 +328,100 @@ def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_
 
 
 def test_an_unserved_rope_scaling_is_refused_and_keeps_attention_on_torch_when_not_strict():
-    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+    rope = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}
     model = _model("llama", rope_parameters=rope)
-    with pytest.raises(hf.UnsupportedModelError, match=r"self_attn: rotary embedding \(rope_parameters rope_type='linear'"):
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"self_attn: rotary embedding \(rope_parameters rope_type='proportional'"):
         hf.enable(model, target=TARGET)
     report = hf.enable(model, target=TARGET, strict=False)
     assert report.count("attention") == 0 and model.config._attn_implementation != hf.ATTENTION_NAME
 
 
-def test_partial_rotary_is_refused_where_transformers_rotates_the_whole_head():
+def test_partial_rotary_is_refused_where_transformers_cannot_apply_it_and_served_where_it_ignores_it():
+    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5}
+    model = _model("qwen3", rope_parameters=rope)
+    with pytest.raises(hf.UnsupportedModelError, match=r"partial_rotary_factor=0.5 with rope_type='linear'"):
+        hf.enable(model, target=TARGET)
+    # the default RoPE of these architectures ignores the factor: its table is the whole head
     rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     model = _model("qwen3", rope_parameters=rope)
-    with pytest.raises(hf.UnsupportedModelError, match=r"partial_rotary_factor=0.5"):
-        hf.enable(model, target=TARGET)
+    assert model.model.rotary_emb.inv_freq.numel() * 2 == model.config.head_dim
+    ids, mask = _prompt(True)
+    ref = _teacher_forced(model, ids, mask, steps=2)
+    hf.enable(model, target=TARGET)
+    got = _teacher_forced(model, ids, mask, ref[2], steps=2)
+    _close(got[0][mask.bool()], ref[0][mask.bool()], torch.bfloat16, "prefill")
+    _close(got[1], ref[1], torch.bfloat16, "decode")
+
+
+@pytest.mark.parametrize("kind", ["linear", "dynamic", "longrope", "llama3", "yarn"])
+def test_each_rope_type_rotates_as_transformers_rotary_embedding(kind):
+    """The op of each attention layer against transformers' own rotary module and
+    apply_rotary_pos_emb, on a call within original_max_position_embeddings and one past
+    it (LongRoPE's short and long factors), and on positions where the scaling matters.
+    The factor on cos and sin (YaRN's, LongRoPE's) is folded into the attention scale."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: PLC0415
+
+    arch = {"linear": "llama_linear", "longrope": "llama_longrope", "llama3": "llama31", "yarn": "llama_yarn"}
+    arch = arch.get(kind, "llama")
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    extra = {"rope_parameters": dynamic} if kind == "dynamic" else {}
+    model = _model(arch, **extra)
+    rotary = model.model.rotary_emb
+    plain = _model("llama").model.rotary_emb
+    hf.enable(model, target=TARGET)
+    st = model.model.layers[0].self_attn._tileops
+    rope = lambda x, pos: st.rope(x, pos) * st.rope_gain  # noqa: E731  (the gain is left to the attention scale)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(24, 4, 16, generator=gen).to(torch.bfloat16)  # [T, H, D]
+
+    def rotated(x, cos, sin):  # transformers' apply_rotary_pos_emb on [T, H, D] as its [1, H, T, D]
+        heads_first = x.transpose(0, 1)[None]
+        return apply_rotary_pos_emb(heads_first, heads_first, cos, sin)[0][0].transpose(0, 1)
+
+    for pos in (torch.arange(16), torch.arange(200, 224)):  # all within 16 (LongRoPE: short), then past it (long)
+        xs = x[: pos.numel()].contiguous()
+        want = rotated(xs, *rotary(xs, pos[None]))
+        _close(rope(xs, pos), want, torch.bfloat16, f"{kind} at positions {int(pos[0])}..")
+        if kind != "dynamic" and int(pos[0]) > 0:  # the scaling matters here: plain RoPE is far off
+            assert (rotated(xs, *plain(xs, pos[None])).float() - want.float()).abs().max() > 0.5
+
+
+@pytest.mark.parametrize("arch", ["llama_yarn", "llama_longrope"])
+def test_the_factor_on_cos_and_sin_reaches_the_attention_scores(arch):
+    """YaRN's and LongRoPE's factor on cos and sin (folded into the attention scale) on a
+    model whose attention is sharp enough for it to matter: q and k projections x 8."""
+    def sharp(attention_factor=None):
+        rope = {**_config(arch).rope_parameters}
+        if attention_factor is not None:
+            rope["attention_factor"] = attention_factor
+        model = _model(arch, rope_parameters=rope)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(8)
+                layer.self_attn.k_proj.weight.mul_(8)
+        return model
+
+    model = sharp()
+    ids, mask = _prompt(True)
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=4)
+    unscaled = _teacher_forced(sharp(1.0), ids, mask, tokens, steps=4)[0]
+    atol, rtol = TOL[torch.bfloat16]
+    assert (unscaled - ref_prefill)[mask.bool()].abs().max() > 5 * (atol + rtol * ref_prefill.abs().max())
+    hf.enable(model, target=TARGET)
+    assert model.model.layers[0].self_attn._tileops.rope_gain > 1.1
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=4)
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} prefill")
+    _close(steps, ref_steps, torch.bfloat16, f"{arch} decode")
+
+
+def test_dynamic_rope_past_max_position_embeddings_is_refused_at_the_call():
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    model = _model("llama", rope_parameters=rope, max_position_embeddings=16)
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(False)
+    with pytest.raises(ValueError, match=r"position 1\d is past max_position_embeddings=16 \(dynamic NTK"):
+        _teacher_forced(model, ids, mask, steps=6)
 
 
 def test_a_training_mode_model_and_a_second_enable_are_refused():
@@ -361,8 +466,9 @@ def test_the_attention_name_alone_is_refused_on_a_model_enable_did_not_patch():
 
 
 def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache():
-    """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops."""
-    model = _model("qwen3", num_hidden_layers=1)
+    """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops.
+    Qwen3-MoE: a sparse block (router, experts through ExpertsInterface) and a dense MLP."""
+    model = _model("qwen3_moe")
     hf.enable(model, target=TARGET)
     ids, mask = _prompt(True)
     compiled = torch.compile(model)
@@ -394,3 +500,138 @@ def test_a_cache_of_another_class_with_tokens_in_it_is_refused():
         with pytest.raises(TypeError, match="reads a TileopsCache, got DynamicCache"):
             model(input_ids=ids[:, :1], attention_mask=torch.cat([mask, mask[:, :1]], 1), use_cache=True,
                   **{_cache_kw(model): dynamic})
+
+
+# ---- Qwen3-MoE: the router and the experts ----------------------------------------------
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_the_router_selects_and_weighs_as_transformers_router_ties_included(norm_topk_prob):
+    """FusedTopKOp against Qwen3MoeTopKRouter's own forward: the same ids, and the same
+    bfloat16 weights (renormalised or not). Experts 3 and 5 have the same router row, so
+    their logits tie on every token: where they meet at the k-th place, the pick is torch.topk's."""
+    model = _model("qwen3_moe", norm_topk_prob=norm_topk_prob)
+    router = model.model.layers[0].mlp.gate
+    with torch.no_grad():
+        router.weight[5] = router.weight[3]
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with torch.no_grad():
+        want_logits, want_w, want_ids = type(router).forward(router, x)
+        report = hf.enable(model, target=TARGET)
+        logits, w, ids = router(x)
+    assert report.count("moe router") == 1 and "forward" in router.__dict__
+    one_of_the_pair = (want_ids == 3).any(1) ^ (want_ids == 5).any(1)  # the tie sits at the k-th place
+    assert int(one_of_the_pair.sum()) >= 3, "no tie at the k-th place: the test checked nothing"
+    assert ids.dtype == want_ids.dtype and w.dtype == want_w.dtype == torch.bfloat16
+    # the same experts with the same weights (two tied ones both chosen may come in either order)
+    mine, theirs = ids.sort(1), want_ids.sort(1)
+    assert torch.equal(mine.values, theirs.values)
+    torch.testing.assert_close(logits, want_logits, rtol=0.02, atol=0.02)
+    torch.testing.assert_close(w.gather(1, mine.indices).float(), want_w.gather(1, theirs.indices).float(),
+                               rtol=2**-8, atol=0)  # at most one bfloat16 step
+    if norm_topk_prob:
+        torch.testing.assert_close(w.float().sum(1), torch.ones(64), rtol=0.01, atol=0)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])  # the op's decode path (<= 4 tokens) and its prefill path
+def test_the_experts_run_the_routing_they_are_given(tokens):
+    model = _model("qwen3_moe")
+    experts = model.model.layers[0].mlp.experts
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(tokens)])
+    w = torch.rand(tokens, 2, generator=gen).to(torch.bfloat16)
+    w[0] = torch.tensor([1.0, 0.0])  # the ends of [0, 1]: a weight of one and a chosen expert of weight zero
+    with torch.no_grad():
+        want = experts(x, ids, w)  # eager: the reference's experts_implementation
+        hf.enable(model, target=TARGET)
+        assert model.config._experts_implementation == "tileops"
+        got = experts(x, ids, w)
+    _close(got, want, torch.bfloat16, f"experts on {tokens} tokens")
+    # the routing reaches the op exactly: the same experts, the weights to float32 rounding
+    from tileops import ops  # noqa: PLC0415
+
+    got_w, got_ids = ops.FusedTopKOp(num_experts=8, top_k=2, scoring_func="sigmoid", target=TARGET)(
+        hf._moe.routing_as_logits(ids, w, 8))
+    order = got_ids.long().sort(1)
+    assert torch.equal(order.values, ids.sort(1).values)
+    torch.testing.assert_close(got_w.gather(1, order.indices), w.float().gather(1, ids.sort(1).indices),
+                               rtol=1e-5, atol=1e-30)
+
+
+def test_the_moe_block_weighs_in_the_logits_of_the_test_config():
+    """Without its experts the reference's logits move far past the tolerance: the
+    equivalence tests of qwen3_moe check the MoE path, not only what is around it."""
+    model = _model("qwen3_moe")
+    ids, mask = _prompt(False)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask).logits
+        model.model.layers[0].mlp.experts.down_proj.zero_()
+        without = model(input_ids=ids, attention_mask=mask).logits
+    atol, rtol = TOL[torch.bfloat16]
+    assert (full - without).abs().max() > 10 * (atol + rtol * full.abs().max())
+
+
+def test_an_unserved_experts_activation_is_refused_and_strict_false_keeps_it_on_torch():
+    model = _model("qwen3_moe", hidden_act="relu")
+    with pytest.raises(hf.UnsupportedModelError,
+                       match=r"model.layers.0.mlp.experts: MoE experts \(config hidden_act='relu' \(served: silu, gelu"):
+        hf.enable(model, target=TARGET)
+    report = hf.enable(model, target=TARGET, strict=False)
+    on_torch = [(m, f) for m, f, _ in report.on_torch]
+    assert ("model.layers.0.mlp.experts", "MoE experts") in on_torch and ("model.layers.1.mlp", "gated MLP") in on_torch
+    assert ("model.layers.0.mlp.gate", "MoE router") in on_torch and "forward" not in model.model.layers[0].mlp.gate.__dict__
+    assert report.count("moe experts") == 0 and model.config._experts_implementation == "eager"
+    ids, mask = _prompt(True)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # what stays on torch still runs
+
+
+def test_the_experts_name_alone_is_refused_on_a_model_enable_did_not_patch():
+    model = _model("qwen3_moe")
+    hf.enable(_model("qwen3_moe"), target=TARGET)  # registers "tileops" with transformers
+    model.config._experts_implementation = "tileops"
+    ids, mask = _prompt(False)
+    with pytest.raises(RuntimeError, match="call enable"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+
+# ---- softcap and scale, which no served architecture passes today ------------------------
+
+
+def test_the_attention_honours_softcap_and_scale_as_transformers_eager_attention_does():
+    """Gemma 3 keeps attn_logit_softcapping in its config but transformers never passes it;
+    a caller that does (transformers' softcap= keyword) gets it, prefill and decode."""
+    from transformers.models.gemma3.modeling_gemma3 import eager_attention_forward  # noqa: PLC0415
+
+    model = _model("gemma3")
+    attn = model.model.layers[1].self_attn  # a full-attention layer
+    hf.enable(model, target=TARGET)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, h, 13, 16, generator=gen).to(torch.bfloat16) for h in (4, 2, 2))
+    causal = torch.full((13, 13), float("-inf")).triu(1).to(torch.bfloat16)[None, None]
+    kw = dict(scaling=0.5, softcap=2.0)
+    with torch.no_grad():
+        want = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, **kw)[0]  # [B, S, H, D]
+        uncapped = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, scaling=0.5)[0]
+        cache = hf.TileopsCache(config=model.config)
+        prefill = hf._attention.tileops_attention(attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None,
+                                                  tileops_cache=cache, **kw)[0]
+        decode = hf._attention.tileops_attention(attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None,
+                                                 tileops_cache=cache, **kw)[0]
+    atol, rtol = TOL[torch.bfloat16]
+    assert (want - uncapped).abs().max() > 10 * (atol + rtol * want.abs().max())  # the cap matters here
+    _close(prefill, want[:, :12], torch.bfloat16, "softcapped prefill")
+    _close(decode, want[:, 12:], torch.bfloat16, "softcapped decode")
+
+
+def test_gemma3_final_logit_softcapping_stays_on_torch_and_matches():
+    model = _model("gemma3", final_logit_softcapping=0.5)
+    ids, mask = _prompt(True)
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=4)
+    report = hf.enable(model, target=TARGET)
+    assert ("lm_head", "final logit softcapping") in [(m, f) for m, f, _ in report.on_torch]
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, steps=4)
+    assert ref_prefill.abs().max() < 0.5  # tanh bounds them: the cap was applied
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, "capped prefill")
+    _close(steps, ref_steps, torch.bfloat16, "capped decode")

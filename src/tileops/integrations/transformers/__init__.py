@@ -11,8 +11,10 @@
 ``enable(model, target=None, strict=True)`` patches one model instance: every
 ``nn.Linear`` runs ``GemmFwdOp``, RMSNorms ``RMSNormFwdOp`` (Gemma's ``1 + w`` folded), the
 gated MLP ``SiluAndMulFwdOp`` / ``GeluTanhAndMulFwdOp``, RoPE the position-id RoPE ops,
-and attention the packed prefill and paged decode ops over a ``TileopsCache``, registered
-with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` as ``"tileops"``.
+attention the packed prefill and paged decode ops over a ``TileopsCache``, registered
+with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` as ``"tileops"``,
+and MoE blocks (Qwen3-MoE) the router ``FusedTopKOp`` and the experts ``FusedMoeFwdOp``,
+registered with ``ExpertsInterface`` as ``"tileops"``.
 What cannot be served exactly raises ``UnsupportedModelError`` (or, with
 ``strict=False``, stays on torch and is listed in the report).
 

@@ -1,9 +1,11 @@
 """enable / disable: tileops ops patched into a transformers model instance.
 
-Liger-Kernel style: each served module gets a per-instance ``forward`` (and a
+Per-instance patching: each served module gets a per-instance ``forward`` (and a
 ``_tileops`` attribute holding its ops); the class and its other instances are untouched.
-``disable`` deletes both, and restores the config's attention implementation and the base
-model's forward, so the model is exactly what it was.
+MoE experts keep their forward, which dispatches through transformers' ExpertsInterface
+to ``"tileops"`` (``_moe.py``). ``disable`` deletes both, and restores the config's
+attention and experts implementations and the base model's forward, so the model is
+exactly what it was.
 
 What is served is decided up front, from the config and the module types; anything that
 cannot be served exactly is refused (``UnsupportedModelError``, naming the module, the
@@ -14,7 +16,6 @@ report. Nothing is guessed.
 from __future__ import annotations
 
 import inspect
-import math
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _attention, _fusion
+from . import _attention, _fusion, _moe
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -33,13 +34,19 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
-# Architectures whose MoE blocks need ops tileops does not have yet.
-_MOE = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+# Other MoE architectures, and what in them is not served
+_MOE = {
+    "Qwen2MoeForCausalLM": "shared experts with a sigmoid gate "
+                           "(config shared_expert_intermediate_size={shared_expert_intermediate_size})",
+    "MixtralForCausalLM": "MixtralTopKRouter, not served yet (float32 routing weights, "
+                          "config router_jitter_noise={router_jitter_noise})",
+}
 _GATED_ACTS = {"silu": "SiluAndMulFwdOp", "gelu_pytorch_tanh": "GeluTanhAndMulFwdOp"}
 _RMSNORMS = {  # class name -> the weight is used as w (False) or as 1 + w (True)
     "LlamaRMSNorm": False, "MistralRMSNorm": False, "Qwen2RMSNorm": False, "Qwen3RMSNorm": False,
-    "Gemma3RMSNorm": True,
+    "Qwen3MoeRMSNorm": False, "Gemma3RMSNorm": True,
 }
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -121,7 +128,8 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
     if position_ids is None:
         raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
     pos = position_ids.expand(batch, q_len).reshape(-1)
-    st.positions.check(position_ids, pos, st.name)
+    st.positions.check(position_ids, pos, st.name,
+                       " (dynamic NTK scaling past it is not served)" if st.rope_type == "dynamic" else "")
     q, k = st.rope(q, pos), st.rope(k, pos)
     heads, heads_kv = q.shape[1], k.shape[1]
     out = _attention.attend(self, q.view(batch, q_len, heads, dim), k.view(batch, q_len, heads_kv, dim), v,
@@ -177,46 +185,93 @@ def _ops():
     return ops
 
 
-def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
-    """The position-id RoPE op for this attention module, or None (refused)."""
-    ops = _ops()
+def _rope_params(config: Any, module: nn.Module) -> dict:
     params = config.rope_parameters or {}
     layer_type = getattr(module, "layer_type", None)
     if "rope_type" not in params and layer_type in params:  # per layer type (Gemma 3)
         params = params[layer_type]
+    return params
+
+
+class _LongRope:
+    """LongRoPE as transformers applies it: the short factors while a call's positions stay
+    within original_max_position_embeddings, the long ones for a call that reaches past it
+    (transformers picks per forward call from max(position_ids) + 1, and keeps the keys it
+    cached under the other set as they are; so does the cache here)."""
+
+    def __init__(self, short: Any, long: Any, original: int) -> None:
+        self.short, self.long, self.original = short, long, original
+
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        op = self.long if pos.numel() and int(pos.max()) + 1 > self.original else self.short
+        return op(x, pos)
+
+
+def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
+    """(the position-id RoPE op for this attention module, the factor on cos and sin it leaves
+    to the attention scale), or (None, 1.0): refused."""
+    ops = _ops()
+    params = _rope_params(config, module)
     rope_type = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
     partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
-    if partial != 1.0:  # the served architectures' apply_rotary_pos_emb rotates the whole head
+    # The served architectures' default RoPE ignores partial_rotary_factor (its table covers
+    # the whole head), so the whole head rotates there, as in transformers. Scaled types
+    # build a partial table, which their apply_rotary_pos_emb cannot apply: no reference.
+    if partial != 1.0 and rope_type != "default":
         plan.refuse(name, "partial rotary embedding",
-                    f"rope_parameters partial_rotary_factor={partial}: transformers' {type(module).__name__} "
-                    "rotates the whole head")
-        return None
-    common = dict(rotary_dim=module.head_dim, target=plan.target)
+                    f"rope_parameters partial_rotary_factor={partial} with rope_type={rope_type!r}: transformers' "
+                    f"{type(module).__name__} rotates the whole head and fails on the partial table")
+        return None, 1.0
+    dim = module.head_dim
+    common = dict(rotary_dim=dim, target=plan.target)
     max_position = int(config.max_position_embeddings)
-    if rope_type == "default":
-        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
+    if rope_type in ("default", "dynamic"):
+        # dynamic NTK keeps the default frequencies while positions stay below
+        # max_position_embeddings; past it the call raises (the scaled frequencies are not served)
+        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common), 1.0
+    if rope_type == "linear":  # every frequency divided by factor: LongRoPE's per-frequency factors, all equal
+        factor = float(params["factor"])
+        return ops.RopeLongRopePositionIdsFwdOp(
+            max_position, base, rescale_factors=[factor] * (dim // 2), max_position_embeddings=max_position,
+            original_max_position_embeddings=max_position, **common), 1.0
+    if rope_type == "longrope":
+        # the factor on cos and sin (attention_factor, or transformers' default from factor)
+        # multiplies q and k alike: it is folded into the attention scale as its square
+        _, gain = _transformers_rope(config, module, "longrope")
+        kw = dict(max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common)
+        short, long = (ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(f) for f in params[k]],
+                                                        **kw) for k in ("short_factor", "long_factor"))
+        return _LongRope(short, long, int(params["original_max_position_embeddings"])), gain
     if rope_type == "llama3":
         return ops.RopeLlama31PositionIdsFwdOp(
             max_position, base, scale_factor=float(params["factor"]),
             low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]), **common)
+            original_max_position=int(params["original_max_position_embeddings"]), **common), 1.0
     if rope_type == "yarn":
-        bad = [k for k in ("mscale", "mscale_all_dim") if params.get(k)]
-        if params.get("truncate", True) is False:
-            bad.append("truncate=False")
-        if bad or params.get("factor") is None:
-            plan.refuse(name, "YaRN rotary embedding", f"rope_parameters {bad or 'without factor'} not served")
-            return None
-        factor = float(params["factor"])
-        attn = params.get("attention_factor")
-        attn = 0.1 * math.log(factor) + 1.0 if attn is None else float(attn)
-        return ops.RopeYarnPositionIdsFwdOp(
-            max_position, base, scale=factor, original_max_position=int(params["original_max_position_embeddings"]),
-            beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-            attn_factor=attn, **common)
-    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} (served: default, llama3, yarn)")
-    return None
+        # transformers' YaRN (correction dims over the whole rotary dim, interpolation f / factor)
+        # is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)): its own
+        # frequencies, as LongRoPE per-frequency factors, and its attention factor folded
+        # into the attention scale
+        inv_freq, gain = _transformers_rope(config, module, "yarn")
+        half = dim // 2
+        plain = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
+        return ops.RopeLongRopePositionIdsFwdOp(
+            max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(),
+            max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common), gain
+    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} "
+                f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)")
+    return None, 1.0
+
+
+def _transformers_rope(config: Any, module: nn.Module, rope_type: str) -> tuple[torch.Tensor, float]:
+    """transformers' own (inverse frequencies, factor on cos and sin) for this layer."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
+
+    layer_type = getattr(module, "layer_type", None)
+    per_layer = "rope_type" not in (config.rope_parameters or {}) and layer_type is not None
+    inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **({"layer_type": layer_type} if per_layer else {}))
+    return inv_freq.float(), float(gain)
 
 
 def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
@@ -228,7 +283,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
     staged = []
     positions = _PositionCheck(int(config.max_position_embeddings))  # one for every layer
     for name, module in attentions:
-        rope = _rope_op(config, module, name, plan)
+        rope, gain = _rope_op(config, module, name, plan)
         if rope is None:
             return  # every attention layer stays on torch: the config names one implementation
         window = getattr(module, "sliding_window", None)
@@ -240,8 +295,9 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         softcap = None
         qk_norm = hasattr(module, "q_norm")
         staged.append((name, module, dict(
-            rope=rope, window=window, softcap=softcap, scaling=module.scaling, qk_norm=qk_norm,
-            positions=positions,
+            rope=rope, window=window, softcap=softcap, scaling=module.scaling * gain * gain, qk_norm=qk_norm,
+            rope_gain=gain, positions=positions,
+            rope_type=_rope_params(config, module).get("rope_type", "default"),
             prefill=_memo(lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
                 mq, mk, True, s, c, w, -1, target=plan.target)),
             paged=_memo(lambda width, mq, s, c, w: ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
@@ -260,11 +316,12 @@ class _PositionCheck:
         self.max_position = max_position
         self.seen: tuple[torch.Tensor, int] | None = None  # a strong reference: its id stays its own
 
-    def check(self, position_ids: torch.Tensor, flat: torch.Tensor, module: str) -> None:
+    def check(self, position_ids: torch.Tensor, flat: torch.Tensor, module: str, note: str = "") -> None:
         if self.seen is not None and self.seen[0] is position_ids and self.seen[1] == position_ids._version:
             return
         if flat.numel() and int(flat.max()) >= self.max_position:
-            raise ValueError(f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}")
+            raise ValueError(f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}"
+                             + note)
         self.seen = (position_ids, position_ids._version)
 
 
@@ -284,8 +341,9 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     plan = _Plan(model, strict, target)
     arch = type(model).__name__
     if arch in _MOE:
-        raise UnsupportedModelError(
-            f"tileops cannot serve {arch}: mixture-of-experts blocks (tileops has no MoE routing/experts ops yet)")
+        why = _MOE[arch].format(**{k: getattr(model.config, k, None) for k in (
+            "shared_expert_intermediate_size", "router_jitter_noise")})
+        raise UnsupportedModelError(f"tileops cannot serve {arch}: mixture-of-experts blocks with {why}")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -303,6 +361,7 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     ops = _ops()
 
     _plan_attention(model, config, plan)
+    _moe.plan(model, config, plan, ops, _memo)
 
     act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     for name, module in model.named_modules():
@@ -344,11 +403,17 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
     plan = _plan(model, strict, target)
     _fusion.plan_fusions(model, plan, _ops(), target)
     _attention.register()
+    _moe.register()
     for module, _kind, state, forward in plan.patches:
         module._tileops = state
-        module.forward = types.MethodType(forward, module)
+        if forward is not None:  # the experts keep their forward: it dispatches through ExpertsInterface
+            module.forward = types.MethodType(forward, module)
     _fusion.apply_fusions(model)
-    saved = {"attn": model.config._attn_implementation}
+    saved = {"attn": model.config._attn_implementation, "experts": []}
+    experts_configs = {id(m.config): m.config for m, kind, _s, _f in plan.patches if kind == "moe experts"}
+    for config in experts_configs.values():  # the experts dispatch on their config's experts implementation
+        saved["experts"].append((config, config._experts_implementation))
+        config._experts_implementation = _moe.NAME
     if plan.report.count("attention"):
         model.config._attn_implementation = _attention.NAME
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
@@ -373,4 +438,6 @@ def disable(model: nn.Module) -> None:
             del module._tileops
             module.__dict__.pop("forward", None)
     model.config._attn_implementation = saved["attn"]
+    for config, experts_implementation in reversed(saved["experts"]):
+        config._experts_implementation = experts_implementation
     del model._tileops_enabled

@@ -1,0 +1,192 @@
+"""Mixture-of-experts blocks on tileops ops: the router on ``FusedTopKOp``, the experts on
+``FusedMoeFwdOp``, registered with transformers' ``ExpertsInterface`` as ``"tileops"``.
+
+transformers 5 splits a sparse block (``Qwen3MoeSparseMoeBlock``) into a router module
+that returns ``(logits, weights, ids)`` and an experts module (``@use_experts_implementation``)
+whose forward is looked up in ``ExpertsInterface`` by ``config._experts_implementation``
+and called with the routing: ``(hidden_states [T, H], top_k_index [T, K], top_k_weights [T, K])``.
+
+- Router (per-instance forward, Qwen3-MoE's ``Qwen3MoeTopKRouter``): logits through
+  ``GemmFwdOp`` in the activations' dtype, as ``F.linear``; softmax in float32, top-k and,
+  with ``norm_topk_prob``, renormalisation over the k through ``FusedTopKOp``; the weights
+  cast to the logits' dtype, as transformers does. ``FusedTopKOp`` breaks a tie at the k-th
+  place towards the lower expert id, where ``torch.topk`` (transformers' choice) is
+  unspecified: a token whose k-th logit ties with an expert left out is re-ranked by
+  ``torch.topk`` on transformers' own formula, so the selection is transformers' exactly.
+- Experts (``"tileops"`` in ``ExpertsInterface``): ``FusedMoeFwdOp`` takes router logits and
+  routes itself, so the routing it is handed is given to it as logits that select exactly
+  the chosen experts and weigh them by the given weights: ``sigmoid`` scoring with
+  ``logit(w)`` at each chosen expert and ``-inf`` elsewhere, no renormalisation. The
+  weights reach the op to within float32 rounding of the sigmoid (a few 1e-6 relative,
+  against 4e-3 for a bfloat16 weight).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+try:  # transformers 5's experts registry; without it no MoE block is served
+    from transformers.integrations.moe import ExpertsInterface
+except ImportError:  # pragma: no cover - depends on the installed transformers
+    ExpertsInterface = None
+try:
+    from transformers.integrations.moe import _default_apply_gate
+except ImportError:  # pragma: no cover
+    _default_apply_gate = None
+
+NAME = "tileops"
+
+# router class -> what its forward computes (softmax, top-k, optional renormalisation,
+# weights cast to the logits' dtype); only routers known to compute exactly that are served
+_ROUTERS = {"Qwen3MoeTopKRouter"}
+_BLOCKS = {"Qwen3MoeSparseMoeBlock"}  # gate + experts, nothing else (no shared expert)
+_ACTS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul"}  # the experts' act_fn -> FusedMoeFwdOp activation
+_F32_MIN = torch.finfo(torch.float32).min
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+# ---- the router --------------------------------------------------------------------------
+
+
+def router_forward(self: nn.Module, hidden_states: torch.Tensor):
+    """``Qwen3MoeTopKRouter.forward`` on tileops: (logits, weights in the logits' dtype, int64 ids)."""
+    st = self._tileops
+    x = hidden_states.reshape(-1, self.hidden_dim).contiguous()
+    logits = st.gemm(x, self.weight)  # [T, E], x's dtype (F.linear's)
+    weights, ids = st.topk(logits)  # float32 [T, K], int32 [T, K]
+    ids = ids.long()
+    if logits.shape[0]:
+        weights, ids = _ties_as_transformers(logits, weights, ids, st.renormalize)
+    return logits, weights.to(logits.dtype), ids
+
+
+def _ties_as_transformers(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, renormalize: bool):
+    """Tokens whose k-th chosen logit equals an expert left out: their selection (ties to the
+    lower id) may not be torch.topk's, so they are routed by transformers' formula."""
+    k = ids.shape[1]
+    kth = logits.gather(1, ids[:, -1:])
+    tied = (logits >= kth).sum(dim=1) > k
+    if not bool(tied.any()):
+        return weights, ids
+    rows = tied.nonzero().squeeze(1)
+    probs = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)
+    top, top_ids = torch.topk(probs, k, dim=-1)
+    if renormalize:
+        top /= top.sum(dim=-1, keepdim=True)
+    weights, ids = weights.clone(), ids.clone()
+    weights[rows], ids[rows] = top, top_ids
+    return weights, ids
+
+
+# ---- the experts -------------------------------------------------------------------------
+
+
+def routing_as_logits(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """float32 [T, E] logits whose sigmoid top-k (no renormalisation) selects exactly the
+    experts of ``top_k_index`` with the weights ``top_k_weights`` (each in [0, 1])."""
+    w = top_k_weights.double()
+    if bool(((w < 0) | (w > 1) | w.isnan()).any()):
+        raise ValueError("tileops experts take routing weights in [0, 1] (a softmax router's), got others")
+    logit = (torch.log(w) - torch.log1p(-w)).float()  # sigmoid(logit) = w; w = 1 gives +inf, sigmoid 1
+    logit = logit.masked_fill(w == 0, _F32_MIN)  # chosen with weight 0: still above the -inf of the others
+    gating = torch.full((top_k_index.shape[0], num_experts), float("-inf"), dtype=torch.float32,
+                        device=top_k_index.device)
+    return gating.scatter_(1, top_k_index.long(), logit)
+
+
+def tileops_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts signature: hidden_states [T, H], top_k_index / top_k_weights [T, K] -> [T, H]."""
+    st = self.__dict__.get("_tileops")
+    if st is None:
+        raise RuntimeError(
+            f"experts implementation '{NAME}' runs on modules that tileops.integrations.transformers.enable(model) "
+            f"patched; {type(self).__name__} was not (call enable(model) instead of setting the experts "
+            "implementation by hand)"
+        )
+    tokens = hidden_states.shape[0]
+    gating = routing_as_logits(top_k_index, top_k_weights, st.num_experts)
+    op = st.moe(_pow2(max(tokens, 1)))
+    return op(hidden_states.contiguous(), gating, self.gate_up_proj, self.down_proj, None)
+
+
+def register() -> None:
+    """Registers ``"tileops"`` with transformers' ExpertsInterface (idempotent)."""
+    if ExpertsInterface is not None:
+        ExpertsInterface.register(NAME, tileops_experts)
+
+
+# ---- what can be served --------------------------------------------------------------------
+
+
+def plan(model: nn.Module, config: Any, plan: Any, ops: Any, memo: Any) -> None:
+    """Adds the router and experts of every sparse MoE block to ``plan``, or refuses them."""
+    target = plan.target
+    for name, block in model.named_modules():
+        cls = type(block).__name__
+        if not cls.endswith("SparseMoeBlock"):
+            continue
+        if cls not in _BLOCKS:
+            extra = [n for n in ("shared_expert", "shared_experts") if hasattr(block, n)]
+            why = (f"shared experts (config shared_expert_intermediate_size="
+                   f"{getattr(config, 'shared_expert_intermediate_size', None)})") if extra else f"{cls}"
+            plan.refuse(name, "mixture-of-experts block", f"{why}: not served")
+            continue
+        router, experts = block.gate, block.experts
+        rcls = type(router).__name__
+        if rcls not in _ROUTERS:
+            plan.refuse(f"{name}.gate", "MoE router", f"{rcls}: a router whose rule tileops does not know")
+            plan.report.on_torch.append((f"{name}.experts", "MoE experts", "kept on torch with their router"))
+            continue
+        why = _experts_unserved(experts, config)
+        if why is None and experts.gate_up_proj.dtype not in (torch.float16, torch.bfloat16):
+            why = f"weight dtype {experts.gate_up_proj.dtype}"
+        if why:
+            plan.refuse(f"{name}.experts", "MoE experts", why)
+            plan.report.on_torch.append((f"{name}.gate", "MoE router", "kept on torch with its experts"))
+            continue
+        num_experts, top_k = int(router.num_experts), int(router.top_k)
+        hidden, ffn = int(experts.hidden_dim), int(experts.intermediate_dim)
+        renormalize = bool(router.norm_topk_prob)
+        act = _ACTS[config.hidden_act]
+        plan.add("moe router", f"{name}.gate", router, router_forward, renormalize=renormalize,
+                 gemm=ops.GemmFwdOp(False, True, target=target),
+                 topk=ops.FusedTopKOp(num_experts=num_experts, top_k=top_k, scoring_func="softmax",
+                                      renormalize=renormalize, target=target))
+        plan.add("moe experts", f"{name}.experts", experts, None, num_experts=num_experts,
+                 moe=memo(lambda tokens, e=num_experts, k=top_k, h=hidden, f=ffn, a=act: ops.FusedMoeFwdOp(
+                     tokens, e, k, h, f, "sigmoid", False, 1.0, activation=a, target=target)))
+    if plan.report.count("moe router"):
+        plan.report.on_torch.append((
+            "MoE routers", "a tie at the k-th place",
+            "a token whose k-th logit equals a left-out expert's is ranked by torch.topk, as transformers ranks it"))
+
+
+def _experts_unserved(experts: nn.Module, config: Any) -> str | None:
+    """Why an experts module cannot run as FusedMoeFwdOp, or None."""
+    if ExpertsInterface is None or not hasattr(experts, "has_gate"):
+        return (f"{type(experts).__name__} does not dispatch through transformers' ExpertsInterface "
+                f"(transformers {transformers.__version__})")
+    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
+              "has_post_expert_norm": False, "_is_expert_parallel": False}
+    for attr, want in layout.items():
+        if bool(getattr(experts, attr, want)) != want:
+            return (f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, "
+                    "one process)")
+    gate = getattr(type(experts), "_apply_gate", None)
+    if gate is not None and gate is not _default_apply_gate:
+        return f"{type(experts).__name__} has its own gating (_apply_gate)"
+    act = getattr(config, "hidden_act", None)
+    if act not in _ACTS:
+        return f"config hidden_act={act!r} (served: {', '.join(_ACTS)})"
+    if getattr(experts, "num_experts", None) is None or tuple(experts.gate_up_proj.shape) != (
+            experts.num_experts, 2 * experts.intermediate_dim, experts.hidden_dim):
+        return f"gate_up_proj of shape {tuple(experts.gate_up_proj.shape)}"
+    return None
