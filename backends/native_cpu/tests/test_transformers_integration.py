@@ -250,6 +250,27 @@ def test_the_loader_enables_a_checkpoint_that_save_pretrained_wrote(tmp_path, ar
     _close(got, ref, torch.bfloat16, "loaded checkpoint")
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+def test_a_chunk_onto_cached_tokens_matches_eager_over_the_whole_prompt(arch, padded):
+    """Chunked prefill: 12 tokens cached, then 6 more in one forward (each sees the cache
+    and its own causal prefix); Gemma 3's window of 8 reaches back into the cache."""
+    model = _model(arch)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, 128, (2, 18), generator=gen)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :5] = 0
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        hf.enable(model, target=TARGET)
+        first = model(input_ids=ids[:, :12], attention_mask=mask[:, :12], use_cache=True)
+        second = model(input_ids=ids[:, 12:], attention_mask=mask, use_cache=True,
+                       **{_cache_kw(model): _cache(first)})
+    _close(second.logits, ref[:, 12:], torch.bfloat16, f"{arch} chunk onto the cache")
+    _close(first.logits[mask[:, :12].bool()], ref[:, :12][mask[:, :12].bool()], torch.bfloat16, f"{arch} first chunk")
+
+
 def test_a_prompt_longer_than_the_window_decodes_with_the_window():
     """Mistral with window 8 and a 12-token prompt: prefill and decode see only the last 8."""
     model = _model("mistral")
