@@ -3,9 +3,10 @@
 gets: the 2-D padding mask, which a registered attention alone would not receive).
 
 Layouts: transformers hands attention ``query [B, H, S, D]`` and ``key, value
-[B, H_kv, S, D]``; tileops' ops take packed rows ``[T, H, D]``. The patched attention
-forward (``_attention_forward``) makes q/k/v as ``[B, S, H, D]`` (the projections' own
-layout) and passes transposed views, so no copy is made to go back.
+[B, H_kv, S, D]``; tileops' ops take packed rows ``[T, H, D]``. ``attend`` takes
+``[B, S, H, D]``: the patched attention forward (``_attention_forward``) calls it with the
+projections' own layout, and the registered function with transposed views of
+transformers', so no copy is made either way.
 
 - With a ``TileopsCache`` (``generate``, ``use_cache=True``): each request's real tokens
   (left padding dropped) are packed and run through
