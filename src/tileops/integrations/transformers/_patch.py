@@ -388,8 +388,8 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     if getattr(config, "final_logit_softcapping", None):
         plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
     plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
-    plan.report.on_torch.append(("decoder layers", "the residual add after the MLP",
-                                 "torch add (the one after attention is fused with the next norm)"))
+    plan.report.on_torch.append(("decoder layers", "residual adds", "torch adds, but for the one after attention "
+                                 "in a fused decoder layer (FusedAddRMSNormFwdOp)"))
     return plan
 
 
