@@ -150,6 +150,18 @@ void at_least(const Values& t, int64_t low) {
   }
 }
 
+// within(t, low, high): every entry indexes a table of high - low rows (positions into a
+// RoPE table, say): outside it a kernel would read past the table.
+void within(const Values& t, int64_t low, int64_t high) {
+  expect_1d(t);
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    if (t.at(i) < low || t.at(i) >= high) {
+      broken(item(t, i) + " = " + std::to_string(t.at(i)) + " is outside [" + std::to_string(low) + ", " +
+             std::to_string(high) + ")");
+    }
+  }
+}
+
 // pages(table, page_size, num_pages, len, [len2]): sequence b holds L_b tokens, the sum of
 // len[b] (a [B] tensor) or len[b+1] - len[b] (a [B+1] offsets tensor) over the lengths
 // given. L_b must fit in the table's row (columns x page_size), and the pages it uses,
@@ -214,6 +226,7 @@ std::optional<std::string> check_one(const ValueRule& rule, std::span<const Slot
       case ValueKind::kOffsetsWithin: offsets(tensors.at(0), scalars.at(0), false); break;
       case ValueKind::kSpansAtMost: spans_at_most(tensors.at(0), scalars.at(0)); break;
       case ValueKind::kAtLeast: at_least(tensors.at(0), scalars.at(0)); break;
+      case ValueKind::kWithin: within(tensors.at(0), scalars.at(0), scalars.at(1)); break;
       case ValueKind::kPages: {
         std::vector<Values> lengths(tensors.begin() + 1, tensors.end());
         pages(tensors.at(0), scalars.at(0), scalars.at(1), lengths);

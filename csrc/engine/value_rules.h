@@ -20,6 +20,7 @@ enum class ValueKind : int {
   kSpansAtMost = 2,    // spans_at_most(t, limit): t[i+1] - t[i] <= limit
   kAtLeast = 3,        // at_least(t, low): every entry >= low
   kPages = 4,          // pages(table, page_size, num_pages, len, [len2]): see value_rules.cc
+  kWithin = 5,         // within(t, low, high): every entry in [low, high)
 };
 
 // A scalar argument, in postfix: the words are opcode, operands.

@@ -100,6 +100,16 @@ TEST(ValueRules, SpansAndLowerBounds) {
             std::string::npos);
 }
 
+TEST(ValueRules, WithinBoundsBothEnds) {
+  Call call;
+  const int pos = call.add("pos", {0, 7, 8}, {3});
+  EXPECT_NE(call.check({{ValueKind::kWithin, "in", {pos}, {constant(0), constant(8)}}}).find("pos[2] = 8 is outside [0, 8)"),
+            std::string::npos);
+  EXPECT_NE(call.check({{ValueKind::kWithin, "in", {pos}, {constant(1), constant(9)}}}).find("pos[0] = 0 is outside [1, 9)"),
+            std::string::npos);
+  EXPECT_EQ(call.check({{ValueKind::kWithin, "in", {pos}, {constant(0), constant(9)}}}), "");
+}
+
 TEST(ValueRules, AnAbsentInputSkipsItsRuleAndAMissingAxisIsReported) {
   Call call;
   const int cu = call.add("cu", {0, 1}, {2});

@@ -622,6 +622,11 @@ def value_rule_breakers(entry: manifest.OpEntry, shapes: dict, params: dict, inp
             bad = t.clone()
             bad[0] = scalars[0] - 1
             out.append((f"{name} below {scalars[0]}", name, {name: bad}))
+        elif rule.kind == "within":
+            for value in (scalars[1], scalars[0] - 1):
+                bad = t.clone()
+                bad[0] = value
+                out.append((f"{name} entry {value} outside [{scalars[0]}, {scalars[1]})", name, {name: bad}))
         elif rule.kind == "pages":
             page_size, num_pages = scalars
             table, lengths = t, rule.tensors[1:]

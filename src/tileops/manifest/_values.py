@@ -10,6 +10,7 @@ vocabulary; its arguments are integer input names (whose values are read) and sc
     offsets_within(t, total)     the same, with t[-1] <= total (trailing rows unused)
     spans_at_most(t, limit)      t[i+1] - t[i] <= limit
     at_least(t, low)             every entry of t >= low
+    within(t, low, high)         every entry of t in [low, high) (indices into a table)
     pages(table, page_size, num_pages, len[, len2])
                                  sequence b holds the sum over the lens of len[b] (a [B]
                                  tensor) or len[b+1] - len[b] (a [B+1] offsets tensor)
@@ -35,6 +36,7 @@ KINDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "spans_at_most": (2, ("T", "S")),
     "at_least": (3, ("T", "S")),
     "pages": (4, ("T", "S", "S", "T", "T?")),
+    "within": (5, ("T", "S", "S")),
 }
 
 # postfix opcodes of csrc/engine/value_rules.h (engine::Op)
