@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 hf = pytest.importorskip("tileops.integrations.transformers")
 from tileops.testing.agreement import check_greedy_agreement  # noqa: E402
 from tileops.serving import PagedKVCache  # noqa: E402
+from tileops.serving.host_memory import HUGE_PAGE, huge_pages_available  # noqa: E402
 
 TARGET = "native_cpu"
 STEPS = 16
@@ -219,6 +220,11 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
     if arch == "qwen2":
         assert attn.q_proj.bias.untyped_storage().data_ptr() == attn._tileops.qkv.bias.untyped_storage().data_ptr()
     assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp._tileops.gate_up.weight.untyped_storage().data_ptr()
+    if huge_pages_available():  # the streamed weights start on 2 MiB pages
+        served = [stacked, mlp._tileops.gate_up.weight, attn.o_proj.weight, mlp.down_proj.weight, model.lm_head.weight]
+        assert all(w.data_ptr() % HUGE_PAGE == 0 for w in served)
+        assert report.huge_page_bytes == sum(w.numel() * w.element_size() for n, w in model.named_parameters()
+                                             if n.endswith("weight") and ("proj" in n or "lm_head" in n))
     hf.disable(model)
     assert all(p is params[n] for n, p in model.named_parameters())  # the same Parameter objects
     assert attn.q_proj.weight.untyped_storage().data_ptr() != attn.k_proj.weight.untyped_storage().data_ptr()

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .host_memory import huge_page_empty, huge_pages_available
+
 __all__ = ["PagedKVCache"]
 
 
@@ -58,6 +60,7 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         max_pages_per_seq: int | None = None,
         num_layers: int = 1,
+        huge_pages: bool = False,
     ) -> None:
         self.num_pages = _positive_int("num_pages", num_pages)
         self.page_size = _positive_int("page_size", page_size)
@@ -70,10 +73,12 @@ class PagedKVCache:
             else _positive_int("max_pages_per_seq", max_pages_per_seq)
         )
         self.num_layers = _positive_int("num_layers", num_layers)
+        # pools on huge pages (tileops.serving.host_memory) where asked, on the CPU, and offered
+        self.huge_pages = bool(huge_pages) and torch.device(device).type == "cpu" and huge_pages_available()
         shape = (self.num_pages * self.page_size, self.heads_kv, self.head_dim)
         # k_layers[i] / v_layers[i]: layer i's pools (k_pages / v_pages are layer 0's)
-        self.k_layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
-        self.v_layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self.k_layers = [self._pool(shape, dtype, device) for _ in range(self.num_layers)]
+        self.v_layers = [self._pool(shape, dtype, device) for _ in range(self.num_layers)]
         # Pages are handed out lowest first; a freed page is the next one handed out.
         self._free: list[int] = list(range(self.num_pages - 1, -1, -1))
         self._pages: dict[int, list[int]] = {}
@@ -188,12 +193,17 @@ class PagedKVCache:
         shape = (num_pages * self.page_size, self.heads_kv, self.head_dim)
         for pools in (self.k_layers, self.v_layers):
             for i, old in enumerate(pools):
-                new = torch.empty(shape, dtype=old.dtype, device=old.device)
+                new = self._pool(shape, old.dtype, old.device)
                 new[: old.shape[0]].copy_(old)
                 pools[i] = new
         # Handed out lowest first: the old free pages, then the new ones.
         self._free = list(range(num_pages - 1, self.num_pages - 1, -1)) + self._free
         self.num_pages = num_pages
+
+    def _pool(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+        if self.huge_pages:  # fresh anonymous memory: zeros, as torch.zeros gives
+            return huge_page_empty(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=device)
 
     def _pages_needed(self, seq_id: int, n_tokens: int) -> int:
         total = -(-(self._lengths[seq_id] + n_tokens) // self.page_size)

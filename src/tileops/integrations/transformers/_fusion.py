@@ -6,8 +6,9 @@ rounding.
 - **Projections sharing an input** (an attention's q/k/v, a gated MLP's gate/up) run as
   one ``GemmFwdOp`` over their weights stacked ``[sum N, K]``. The stacked weight is made
   once, at enable, and the Linear modules' parameters become views into it (same
-  Parameter objects, same values, no second copy of the weights); ``disable`` gives each
-  its own storage back.
+  Parameter objects, same values, no second copy of the weights; on huge pages where the
+  machine has them, as ``_placement.py`` says); ``disable`` gives each its own storage
+  back.
 - **A decoder layer** whose norms, attention and MLP are all served gets a per-instance
   forward in which the residual add and the norm after it are one ``FusedAddRMSNormFwdOp``
   (transformers adds in the model dtype, then normalises the rounded sum; the op does the
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["StackedLinear", "plan_fusions", "apply_fusions", "undo_fusions"]
+__all__ = ["StackedLinear", "plan_fusions", "apply_fusions", "undo_fusions", "stacked_members", "stacks"]
 
 # decoder layer attributes: (norm before attention, norm after attention or None,
 # norm before the MLP, norm after the MLP or None)
@@ -46,8 +47,10 @@ class StackedLinear:
         self.bias: torch.Tensor | None = None
 
     def apply(self) -> None:
+        from ._placement import on_huge_pages  # noqa: PLC0415 - _placement imports this module
+
         with torch.no_grad():
-            self.weight = torch.cat([m.weight.detach() for m in self.linears])
+            self.weight = on_huge_pages(torch.cat([m.weight.detach() for m in self.linears]))
             for m, view in zip(self.linears, self.weight.split(self.sizes)):
                 m.weight.data = view
             if self.linears[0].bias is not None:
@@ -122,16 +125,21 @@ def _layout(module: nn.Module, served: dict[int, str]) -> str | None:
 
 
 def apply_fusions(model: nn.Module) -> None:
-    for stacked in _stacks(model):
+    for stacked in stacks(model):
         stacked.apply()
 
 
 def undo_fusions(model: nn.Module) -> None:
-    for stacked in _stacks(model):
+    for stacked in stacks(model):
         stacked.undo()
 
 
-def _stacks(model: nn.Module) -> list[StackedLinear]:
+def stacked_members(model: nn.Module) -> set[int]:
+    """ids of the Linear modules whose weights are views into a stacked weight."""
+    return {id(m) for stacked in stacks(model) for m in stacked.linears}
+
+
+def stacks(model: nn.Module) -> list[StackedLinear]:
     found = []
     for module in model.modules():
         state = module.__dict__.get("_tileops")

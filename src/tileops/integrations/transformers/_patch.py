@@ -23,7 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _attention, _fusion, _moe
+from tileops.serving.host_memory import huge_pages_available
+
+from . import _attention, _fusion, _moe, _placement
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -64,6 +66,7 @@ class EnableReport:
     target: str | None
     replaced: dict[str, list[str]] = field(default_factory=dict)
     on_torch: list[tuple[str, str, str]] = field(default_factory=list)
+    huge_page_bytes: int = 0  # served weights moved to huge pages (_placement.py)
 
     def count(self, kind: str) -> int:
         return len(self.replaced.get(kind, ()))
@@ -72,6 +75,8 @@ class EnableReport:
         lines = [f"tileops on {self.model} (target={self.target or 'default'}):"]
         lines += [f"  {kind}: {len(names)} modules" for kind, names in self.replaced.items()]
         lines += [f"  on torch: {m}: {feat} ({why})" for m, feat, why in self.on_torch]
+        if self.huge_page_bytes:
+            lines.append(f"  weights on huge pages: {self.huge_page_bytes / 2**20:.1f} MiB")
         return "\n".join(lines)
 
 
@@ -409,7 +414,11 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         if forward is not None:  # the experts keep their forward: it dispatches through ExpertsInterface
             module.forward = types.MethodType(forward, module)
     _fusion.apply_fusions(model)
-    saved = {"attn": model.config._attn_implementation, "experts": []}
+    saved = {"attn": model.config._attn_implementation, "experts": [],
+             "placed": _placement.place_weights(model, plan.patches)}
+    if huge_pages_available():
+        weights = [p.data for p in saved["placed"]] + [s.weight for s in _fusion.stacks(model) if s.weight.device.type == "cpu"]
+        plan.report.huge_page_bytes = sum(w.numel() * w.element_size() for w in weights)
     experts_configs = {id(m.config): m.config for m, kind, _s, _f in plan.patches if kind == "moe experts"}
     for config in experts_configs.values():  # the experts dispatch on their config's experts implementation
         saved["experts"].append((config, config._experts_implementation))
@@ -433,6 +442,7 @@ def disable(model: nn.Module) -> None:
     if not saved:
         raise ValueError(f"{type(model).__name__} is not enabled (tileops.integrations.transformers.enable(model))")
     _fusion.undo_fusions(model)
+    _placement.undo_placement(saved["placed"])
     for module in model.modules():
         if "_tileops" in module.__dict__:  # patched by enable: forward and state go
             del module._tileops
