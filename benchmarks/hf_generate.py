@@ -15,7 +15,10 @@ Per workload (prompt length P, batch B), with greedy decoding:
 - decode tok/s: B / the time of one decode step (generate of `--new` tokens minus
   generate of 1, over new - 1 steps);
 - the decode bandwidth limit: weight bytes read per step / the machine's measured read
-  bandwidth (native_cpu's probe), times B tokens per step; and the share of it reached.
+  bandwidth (native_cpu's probe, run between the rounds of each workload, median: the
+  bandwidth of a shared machine moves from minute to minute), times B tokens per step;
+  and the share of it reached;
+- tileops' speed-ups over HF eager, prefill and decode.
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ CONFIG = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_atten
               head_dim=64, intermediate_size=2816, tie_word_embeddings=False, max_position_embeddings=4096)
 
 
-def read_bandwidth_gbs() -> float:
+def read_bandwidth_gbs(repeats: int = 5) -> float:
     from tileops_native_cpu import builders  # noqa: PLC0415
 
-    return statistics.median(builders.native().probe_bandwidth("read", 256, torch.get_num_threads(), 5))
+    return statistics.median(builders.native().probe_bandwidth("read", 256, torch.get_num_threads(), repeats))
 
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
@@ -96,15 +99,15 @@ def main() -> int:
     bw = read_bandwidth_gbs()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
           f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
-          f"read bandwidth {bw:.1f} GB/s -> batch-1 decode limit {bw * 1e9 / step_bytes:.1f} tok/s")
+          f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds)")
 
     on_tileops = copy.deepcopy(model)
     enable(on_tileops, target=TARGET)
     systems = {"HF eager": model, "HF + tileops": on_tileops}
     if args.compile:
         systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
-    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'decode tok/s':>12} {'limit tok/s':>11} "
-          f"{'% of limit':>10}")
+    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'decode tok/s':>12} {'read GB/s':>9} "
+          f"{'limit tok/s':>11} {'% of limit':>10}")
     for prompt in args.prompts:
         for batch in args.batches:
             gen = torch.Generator().manual_seed(prompt + batch)
@@ -112,7 +115,9 @@ def main() -> int:
             mask = torch.ones_like(ids)
             results: dict[str, list[tuple[float, float]]] = {n: [] for n in systems}
             tokens: dict[str, torch.Tensor] = {}
+            probes: list[float] = []
             for r in range(args.rounds + 1):  # round 0 warms up (kernels built, compile)
+                probes.append(read_bandwidth_gbs(3))
                 order = list(systems) if r % 2 == 0 else list(systems)[::-1]
                 for name in order:
                     m = systems[name]
@@ -124,12 +129,17 @@ def main() -> int:
                                                       return_dict_in_generate=True)
                     else:
                         results[name].append(res)
+            bw = statistics.median(probes)
             limit = bw * 1e9 / step_bytes * batch
+            figures = {}
             for name in systems:
                 pre = statistics.median(batch * prompt / p for p, _ in results[name])
                 dec = statistics.median(batch / d for _, d in results[name])
-                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {dec:12.1f} {limit:11.1f} "
+                figures[name] = (pre, dec)
+                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {dec:12.1f} {bw:9.1f} {limit:11.1f} "
                       f"{100 * dec / limit:9.1f}%", flush=True)
+            (pe, de), (pt, dt) = figures["HF eager"], figures["HF + tileops"]
+            print(f"{'':<14} tileops vs HF eager: prefill {pt / pe:.2f}x, decode {dt / de:.2f}x")
             print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
     return 0
 

@@ -180,7 +180,7 @@ class TileopsCache(Cache):
         # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.
         pages = batch * -(-(max(longest, 1) + MIN_DECODE_ROOM) // self.page_size)
         self.paged = PagedKVCache(pages, self.page_size, k.shape[2], k.shape[3], dtype=k.dtype, device=k.device,
-                                  max_pages_per_seq=1 << 20, num_layers=len(self.layers), huge_pages=True)
+                                  max_pages_per_seq=1 << 20, num_layers=len(self.layers))
         self.seqs = [self.paged.add_sequence() for _ in range(batch)]
 
 
