@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["HUGE_PAGE", "huge_page_empty", "huge_pages_available"]
+__all__ = ["HUGE_PAGE", "huge_page_empty", "huge_pages_available", "on_huge_pages"]
 
 HUGE_PAGE = 2 << 20
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -52,3 +52,13 @@ def huge_page_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> 
     raw = torch.frombuffer(mapping, dtype=torch.uint8)
     start = -raw.data_ptr() % HUGE_PAGE
     return raw[start : start + nbytes].view(dtype).view(tuple(shape))
+
+
+def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """A copy of CPU tensor ``t`` on huge pages; ``t`` itself on another device or where
+    huge pages are not available."""
+    if t.device.type != "cpu" or not huge_pages_available():
+        return t
+    moved = huge_page_empty(t.shape, t.dtype)
+    moved.copy_(t)
+    return moved

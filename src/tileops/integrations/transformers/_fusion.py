@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tileops.serving.host_memory import on_huge_pages
+
 __all__ = ["StackedLinear", "plan_fusions", "apply_fusions", "undo_fusions", "stacked_members", "stacks"]
 
 # decoder layer attributes: (norm before attention, norm after attention or None,
@@ -47,8 +49,6 @@ class StackedLinear:
         self.bias: torch.Tensor | None = None
 
     def apply(self) -> None:
-        from ._placement import on_huge_pages  # noqa: PLC0415 - _placement imports this module
-
         with torch.no_grad():
             self.weight = on_huge_pages(torch.cat([m.weight.detach() for m in self.linears]))
             for m, view in zip(self.linears, self.weight.split(self.sizes)):

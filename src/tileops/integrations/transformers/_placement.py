@@ -17,20 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tileops.serving.host_memory import huge_page_empty, huge_pages_available
+from tileops.serving.host_memory import huge_pages_available, on_huge_pages
 
 from ._fusion import stacked_members
 
-__all__ = ["place_weights", "undo_placement", "on_huge_pages"]
-
-
-def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """A copy of CPU tensor ``t`` on huge pages (``t`` itself where they are unavailable)."""
-    if t.device.type != "cpu" or not huge_pages_available():
-        return t
-    moved = huge_page_empty(t.shape, t.dtype)
-    moved.copy_(t)
-    return moved
+__all__ = ["place_weights", "undo_placement"]
 
 
 def place_weights(model: nn.Module, patches: list[tuple[nn.Module, str, Any, Any]]) -> list[nn.Parameter]:
