@@ -1,0 +1,3 @@
+"""stub"""
+def add_parser(commands):
+    pass
