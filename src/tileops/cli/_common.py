@@ -30,6 +30,7 @@ class Table:
     columns: list[str]
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    key: str | None = None  # its name under "tables" in --json (default: from the title)
 
     def add(self, *cells: Any) -> None:
         assert len(cells) == len(self.columns), (cells, self.columns)
@@ -103,7 +104,7 @@ def report(args: argparse.Namespace, tables: Sequence[Table], extra: dict | None
         "command": args.command,
         **(extra or {}),
         "tables": {
-            _key(t.title): {"title": t.title, "rows": t.records(), "notes": t.notes}
+            (t.key or _key(t.title)): {"title": t.title, "rows": t.records(), "notes": t.notes}
             for t in tables
         },
     }

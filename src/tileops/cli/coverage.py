@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
         + (f"missing, in the order to write them: {', '.join(missing)}" if missing
            else f"{model_name} runs entirely on tileops ops that {target} serves")
     )
-    on_torch = Table("stays on torch (not a tileops op, or not served)", ["module", "feature", "why"])
+    on_torch = Table("stays on torch (not a tileops op, or not served)", ["module", "feature", "why"],
+                     key="on_torch")
     for module, feature, why in enable_report.on_torch:
         on_torch.add(module, feature, why)
     report(args, [table, on_torch], {

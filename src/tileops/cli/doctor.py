@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     declared_ops = manifest.all_entries()
     stray = Table(
         "builders under op names no manifest declares (never called)",
-        ["op name", "target", "builder", "did you mean"],
+        ["op name", "target", "builder", "did you mean"], key="undeclared_ops",
     )
     for op, target in _C.process_registry.builder_keys():
         if op in declared_ops:
