@@ -69,3 +69,19 @@ def test_bad_input_is_refused_with_exit_2_naming_what_was_expected(site, capsys,
     captured = capsys.readouterr()
     assert captured.err.startswith(f"tileops check: error: {expected}"), captured.err
     assert captured.out == ""
+
+
+def test_a_builder_that_raises_fails_its_cases_with_the_error_quoted(site, capsys):
+    site.backend("acme", """
+register_detector("acme", lambda device: device.type == "cpu")
+
+def build_rms_norm(x, weight, *, normalized_shape, eps):
+    raise NotImplementedError(f"acme has no RMSNorm for {x.dtype} yet")
+
+register_kernel_builder("RMSNormFwdOp", "acme", build_rms_norm)
+""")
+    assert cli.main(["check", "acme", "--scale", "tiny", "--json"]) == 1
+    payload = json.loads(capsys.readouterr().out)
+    table = rows(payload, "check")
+    assert table and all(r["result"] == "FAIL" and r["worst abs error"] is None for r in table)
+    assert all("NotImplementedError: acme has no RMSNorm for torch." in r["first failure"] for r in table)

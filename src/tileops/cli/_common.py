@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -287,7 +287,3 @@ def default_scale(device: str) -> str:
 
 def dtype_name(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))

@@ -95,13 +95,14 @@ def _sync_for(device: str) -> Callable[[], None]:
 def _baseline(name: str, case: Any, target: str) -> tuple[str, Callable[..., Any]]:
     """(label, callable over the case's inputs)."""
     from .. import manifest, ops
+    from ..backend import TensorSpec
     from ..testing import harness, references
 
     entry = manifest.entry(case.op)
     if name in ("eager", "compile"):
         op = getattr(ops, case.op)(**harness.constructor_args(case), target=target)
         inputs = harness.make_inputs(case)
-        specs = [None if t is None else harness._Spec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
+        specs = [None if t is None else TensorSpec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
         params = entry.call_params(specs, op.params)
         fn = references.reference(case.op)
         if name == "compile":
@@ -136,6 +137,7 @@ def _quartiles(samples: list[float]) -> tuple[float, float, float]:
 
 def measure(case: Any, target: str, baseline: str, rounds: int, min_time: float) -> dict[str, Any]:
     from .. import manifest, ops
+    from ..backend import TensorSpec
     from ..testing import harness
 
     entry = manifest.entry(case.op)
@@ -153,7 +155,7 @@ def measure(case: Any, target: str, baseline: str, rounds: int, min_time: float)
     for _ in range(rounds):
         ours += _time(op, inputs, sync, min_time)
         theirs += _time(base, base_inputs, sync, min_time)
-    specs = [None if t is None else harness._Spec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
+    specs = [None if t is None else TensorSpec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
     flops, nbytes = entry.roofline(specs, op.params)
     q1, median, q3 = _quartiles(ours)
     return {

@@ -11,6 +11,9 @@ reuses it from its own tests::
     @pytest.mark.parametrize("case", harness.cases("acme", device="acme:0"), ids=str)
     def test_acme_matches_the_references(case):
         harness.check(case)
+
+``harness.measure(case)`` runs the same and returns an ``Outcome`` (passed, the largest
+absolute error, what failed) instead of raising: ``tileops check`` is built on it.
 """
 
 from __future__ import annotations
