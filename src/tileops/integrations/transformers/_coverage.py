@@ -1,10 +1,13 @@
 """Which tileops ops an enabled model's forward uses, read off what ``enable`` installed.
 
 Read-only: ``enable`` leaves on each module it patched a ``_tileops`` namespace holding
-the op instances that module's forward calls (``gemm``, ``norm``, ``act``, ``rope``), and
-for attention the factories that make the prefill and decode ops on first use (one per
-distinct shape class). The ops those factories make are named by the factory's code, so
-they are read from it without calling it. Nothing here changes the model or the patch.
+the op instances that module's forward calls (``gemm``, ``norm``, ``act``, ``rope``; a
+fused decoder layer's ``add_norm``), objects that hold ops in turn (a stacked projection's
+``gemm``), and for attention the factories that make the prefill ops on first use (one
+per distinct shape class). The ops those factories make are named by the factory's code,
+so they are read from it without calling it. Nothing here changes the model or the patch.
+A module's count is an upper bound of its use: a projection folded into a stacked GEMM
+still holds its own.
 """
 
 from __future__ import annotations
@@ -51,14 +54,29 @@ def ops_used(model: Any) -> Counter:
         state = getattr(module, "_tileops", None)
         if not isinstance(state, types.SimpleNamespace):
             continue
-        names: list[str] = []
-        for key, value in vars(state).items():
-            if key == "add" and getattr(module, "bias", True) is None:
-                continue  # a Linear's add serves its bias only (_patch._linear_forward)
-            if isinstance(value, Op):
-                names.append(type(value).__name__)
-            elif isinstance(value, types.FunctionType):
-                names += _made_by(value, declared)
+        names = _held(module, vars(state), declared, Op)
         for name in dict.fromkeys(names):
             uses[name] += 1
     return uses
+
+
+def _held(module: Any, state: dict[str, Any], declared: set[str], op_class: type, depth: int = 0) -> list[str]:
+    import torch
+
+    names: list[str] = []
+    for key, value in state.items():
+        if key == "add" and not _has_bias(module, value):
+            continue  # a Linear's add serves its bias only (_patch._linear_forward)
+        if isinstance(value, op_class):
+            names.append(type(value).__name__)
+        elif isinstance(value, types.FunctionType):
+            names += _made_by(value, declared)
+        elif (depth == 0 and hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, torch.Tensor, type))
+              and not isinstance(value, types.ModuleType)):
+            names += _held(value, vars(value), declared, op_class, depth + 1)
+    return names
+
+
+def _has_bias(owner: Any, _add: Any) -> bool:
+    """Whether the Linear (or stacked Linears) that holds an ``add`` has a bias to add."""
+    return getattr(owner, "bias", True) is not None
