@@ -283,6 +283,11 @@ def _table(target, device, scale, baseline, profile, results) -> Table:
             f"{_fmt(profile.bandwidth)} GB/s, fp32 {_fmt(fp32)} GFLOP/s, bf16 {_fmt(bf16)} GFLOP/s"
         )
     ok = [r for r in results if "error" not in r]
+    if any((r.get("roofline_pct") or 0) > 100 for r in ok):
+        table.notes.append(
+            "above 100%: the workload fits in a cache, whose bandwidth is above the profile's "
+            "(measured past the caches, or the datasheet's memory bandwidth)"
+        )
     if ok:
         geo = math.exp(statistics.fmean(math.log(r["speedup"]) for r in ok))
         table.notes.append(f"geometric mean speed-up over {baseline}: {geo:.2f}x ({len(ok)} cases)")
