@@ -106,3 +106,19 @@ def test_the_shipped_gpu_profiles_hold_datasheet_peaks_and_calibration():
     for p in (h200, h20):
         assert 0 < p.calibration["bandwidth"] <= 1 and 0 < p.calibration["compute"] <= 1
         assert p.bandwidth == pytest.approx(p.bandwidth_gbps["copy"] * p.calibration["bandwidth"])
+
+
+def test_the_eager_baseline_computes_in_the_inputs_dtype_as_a_users_call_does():
+    import torch
+
+    from tileops.testing import references
+
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)).bfloat16()
+    gate, value = x[:, :128], x[:, 128:]
+    ref = references.reference("SiluAndMulFwdOp")
+    with references.in_input_dtype():
+        same = ref(x)
+    assert torch.equal(same, torch.nn.functional.silu(gate) * value)  # rounded twice, in bf16
+    upcast = ref(x)  # outside: float32 math, rounded once
+    assert torch.equal(upcast, (torch.nn.functional.silu(gate.float()) * value.float()).bfloat16())
+    assert not torch.equal(same, upcast)

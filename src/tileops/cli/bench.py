@@ -9,9 +9,9 @@ min(peak, intensity x bandwidth), from the machine profile (tileops profile-mach
 a shipped GPU profile); and the speed-up over the baseline.
 
 Baselines: 'eager' is the op's reference in PyTorch eager (tileops.testing.references,
-which computes float16/bfloat16 in float32 and rounds once), 'compile' is that reference
-under torch.compile, any other name is another registered target. Exit status 1 when a
-case fails to run.
+the manifest's ref_api) computed in the inputs' dtype, as a user's call would be;
+'compile' is that under torch.compile; any other name is another registered target.
+Exit status 1 when a case fails to run.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def measure(case: Any, target: str, baseline: str, rounds: int, min_time: float)
 def run(args: argparse.Namespace) -> int:
     from .. import manifest
     from ..backend import registered_targets
-    from ..testing import harness
+    from ..testing import harness, references
     from . import _profile
 
     target = check_target(args.target)
@@ -200,18 +200,10 @@ def run(args: argparse.Namespace) -> int:
     ]
     progress = Progress("bench", len(cases))
     results: list[dict[str, Any]] = []
-    for case in cases:
-        row: dict[str, Any] = {
-            "op": case.op, "workload": case.workload, "dtype": dtype_name(case.dtype),
-            "shapes": " ".join(f"{k}{list(v)}" for k, v in case.shapes.items() if v is not None),
-        }
-        try:
-            row.update(measure(case, target, args.baseline, args.rounds, args.min_time))
-        except Exception as error:  # noqa: BLE001 - reported per case
-            row["error"] = f"{type(error).__name__}: {error}"
-        results.append(_derive(row, profile))
-        progress.step(f"{case.op} {case.workload} {row['dtype']}")
-
+    # the baselines compute in the inputs' dtype, as a PyTorch user's call does (the
+    # references' float32 math is for judging numerics, not for timing)
+    with references.in_input_dtype():
+        _bench(cases, target, args, profile, progress, results)
     table = _table(target, device, scale, args.baseline, profile, results)
     if args.csv:
         _write_csv(args.csv, target, device, results)
@@ -231,6 +223,21 @@ def run(args: argparse.Namespace) -> int:
         "results": results,
     })
     return 1 if failed else 0
+
+
+def _bench(cases: list, target: str, args: argparse.Namespace, profile: Any, progress: Progress,
+           results: list[dict[str, Any]]) -> None:
+    for case in cases:
+        row: dict[str, Any] = {
+            "op": case.op, "workload": case.workload, "dtype": dtype_name(case.dtype),
+            "shapes": " ".join(f"{k}{list(v)}" for k, v in case.shapes.items() if v is not None),
+        }
+        try:
+            row.update(measure(case, target, args.baseline, args.rounds, args.min_time))
+        except Exception as error:  # noqa: BLE001 - reported per case
+            row["error"] = f"{type(error).__name__}: {error}"
+        results.append(_derive(row, profile))
+        progress.step(f"{case.op} {case.workload} {row['dtype']}")
 
 
 def _derive(row: dict[str, Any], profile: Any) -> dict[str, Any]:
