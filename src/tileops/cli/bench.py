@@ -339,7 +339,8 @@ def _plot(path: str, target: str, device: str, profile: Any, results: list[dict[
     import matplotlib.pyplot as plt
 
     points = [r for r in results if "error" not in r and r["flops"] and r["bytes"]]
-    fig, ax = plt.subplots(figsize=(9, 6))
+    names = sorted({r["op"] for r in points})
+    fig, ax = plt.subplots(figsize=(10 + 3 * (len(names) > 12), 6.5))
     intensities = [r["flops"] / r["bytes"] for r in points] or [1.0]
     lo, hi = min(intensities) / 4, max(intensities) * 4
     if profile is not None and profile.bandwidth:
@@ -351,16 +352,21 @@ def _plot(path: str, target: str, device: str, profile: Any, results: list[dict[
             if peak:
                 ax.plot(xs, [min(peak, x * profile.bandwidth) for x in xs],
                         label=f"roof: {profile.bandwidth:.0f} GB/s, {label} {peak:.0f} GFLOP/s")
-    for op in sorted({r["op"] for r in points}):
+    markers = "os^vD<>ph*"
+    for index, op in enumerate(names):
         mine = [r for r in points if r["op"] == op]
-        ax.scatter([r["flops"] / r["bytes"] for r in mine], [r["gflops"] for r in mine], label=op, s=24)
+        ax.scatter([r["flops"] / r["bytes"] for r in mine], [r["gflops"] for r in mine], label=op,
+                   s=24, marker=markers[index // 10 % len(markers)])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte, manifest roofline)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_title(f"tileops bench: {target} on {device}" + (f" ({profile.name})" if profile else ""))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    if len(names) > 12:  # beside the chart, in columns, so no point hides behind it
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=1 + len(names) // 30)
+    else:
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -45,7 +45,8 @@ def _made_by(factory: Any, declared: set[str], depth: int = 0) -> list[str]:
 
 
 def ops_used(model: Any) -> Counter:
-    """Op name -> how many patched modules call it, in the order the modules come."""
+    """Op name -> how many patched modules hold it (an upper bound of their calls), in the
+    order the modules come."""
     from tileops.ops.op import Op
 
     declared = _op_names()
