@@ -90,12 +90,26 @@ def test_the_guides_command_lines_are_ones_tileops_accepts():
     assert lines
     for line in lines:
         args = cli._parser().parse_args(shlex.split(line))
-        cli.check_name(args.name)
-        cli.check_ops(args.ops)
+        if args.command == "new-backend":
+            cli.check_name(args.name)
+            cli.check_ops(args.ops)
+
+
+def test_every_command_line_the_docs_show_parses():
+    root = GUIDE.parents[1]
+    lines = [
+        line.strip().removeprefix("$ tileops ")
+        for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+        for line in doc.read_text().splitlines() if line.strip().startswith("$ tileops ")
+    ]
+    assert len(lines) >= 6
+    for line in lines:
+        cli._parser().parse_args(shlex.split(line.split(" #")[0]))
 
 
 def test_the_guide_quotes_every_error_it_promises_to_explain():
-    assert set(_messages()) == set(SCENARIOS) | {"load-failure-warning", "load-failure-line"}
+    assert set(_messages()) == set(SCENARIOS) | {
+        "load-failure-warning", "load-failure-line", "protocol-mismatch-line"}
 
 
 # ---- running it ------------------------------------------------------------------------
@@ -218,6 +232,15 @@ def test_the_guides_load_failure_texts_are_what_tileops_prints(guide_venv, tmp_p
         "[tileops.backends]\nacme = tileops_acme\n"
     )
     (site / "tileops_acme.py").write_text("import acme_runtime\n")
+    # and one written for protocol 2.0
+    (site / "tileops_old-0.1.dist-info").mkdir(parents=True)
+    (site / "tileops_old-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: tileops-old\nVersion: 0.1\n"
+    )
+    (site / "tileops_old-0.1.dist-info" / "entry_points.txt").write_text(
+        "[tileops.backends]\nold = tileops_old\n"
+    )
+    (site / "tileops_old.py").write_text("TILEOPS_PROTOCOL_VERSION = (2, 0)\n")
     script = (
         "import json, warnings\n"
         "from tileops.backend import load_failures, registered_targets\n"
@@ -235,8 +258,8 @@ def test_the_guides_load_failure_texts_are_what_tileops_prints(guide_venv, tmp_p
     targets, warned, failures = json.loads(run.stdout.strip().splitlines()[-1])
     quoted = _messages()
     assert targets == ["mini_cpu"]
-    assert [" ".join(w.split()) for w in warned] == [quoted["load-failure-warning"]]
-    assert failures == [quoted["load-failure-line"]]
+    assert [" ".join(w.split()) for w in warned][0] == quoted["load-failure-warning"]
+    assert failures == [quoted["load-failure-line"], quoted["protocol-mismatch-line"]]
 
 
 CITED = re.compile(r"`?([\w/]*test_\w+\.py)::(test_\w+)")

@@ -103,4 +103,5 @@ NB_MODULE(_C, m) {
 
   bindings::bind_registry(m);
   bindings::bind_dispatcher(m);
+  bindings::bind_machine(m);
 }

@@ -31,5 +31,6 @@ void set_python_error(const engine::EngineError& error);
 
 void bind_registry(nb::module_& m);
 void bind_dispatcher(nb::module_& m);
+void bind_machine(nb::module_& m);
 
 }  // namespace tileops::bindings

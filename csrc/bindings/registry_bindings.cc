@@ -75,6 +75,12 @@ void bind_registry(nb::module_& m) {
       .def("targets", &Registry::targets)
       .def("targets_for_op", &Registry::targets_for_op)
       .def("knows", &Registry::knows)
+      .def("builder_keys", &Registry::builder_keys)
+      .def("detector",
+           [](const Registry& self, const std::string& target) {
+             auto detector = self.detector(target);
+             return detector ? from_handle(detector->object) : nb::none();
+           })
       .def("builder",
            [](const Registry& self, const std::string& op, const std::string& target) {
              auto builder = self.builder(op, target);

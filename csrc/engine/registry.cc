@@ -44,6 +44,13 @@ std::vector<std::string> Registry::targets_for_op(const std::string& op) const {
   return names;  // std::map order is (op, target): already sorted by target within an op
 }
 
+std::vector<std::pair<std::string, std::string>> Registry::builder_keys() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::pair<std::string, std::string>> keys;
+  for (const auto& [key, _] : tables_.builders) keys.push_back(key);
+  return keys;
+}
+
 bool Registry::knows(const std::string& target) const {
   std::lock_guard lock(mutex_);
   if (tables_.detectors.contains(target)) return true;

@@ -43,6 +43,8 @@ class Registry {
   // Targets with a builder for `op`, sorted.
   std::vector<std::string> targets_for_op(const std::string& op) const;
   bool knows(const std::string& target) const;
+  // Every (op, target) with a builder, sorted: op names as registered, declared or not.
+  std::vector<std::pair<std::string, std::string>> builder_keys() const;
 
   // Detectors in target order: what device detection asks, one by one.
   std::vector<std::pair<std::string, NamedHandle>> detectors() const;

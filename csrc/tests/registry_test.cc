@@ -19,6 +19,16 @@ TEST(Registry, ListsEveryTargetWithADetectorOrABuilderSorted) {
   EXPECT_TRUE(registry.targets_for_op("SoftmaxFwdOp").empty());
 }
 
+TEST(Registry, ListsEveryBuilderKeyAsRegisteredSortedByOpThenTarget) {
+  Registry registry;
+  registry.register_builder("GemmOp", "zeta", named("z.build"));
+  registry.register_builder("GemmFwdOp", "zeta", named("z.build2"));
+  registry.register_builder("GemmFwdOp", "alpha", named("a.build"));
+  using Key = std::pair<std::string, std::string>;
+  EXPECT_EQ(registry.builder_keys(),
+            (std::vector<Key>{{"GemmFwdOp", "alpha"}, {"GemmFwdOp", "zeta"}, {"GemmOp", "zeta"}}));
+}
+
 TEST(Registry, ASecondDetectorForATargetNamesBothFunctions) {
   Registry registry;
   registry.register_detector("acme", named("first.detect"));

@@ -33,8 +33,12 @@ The contract in one screen:
 * Backends are discovered once, on the first op construction or registry read. A backend
   whose import fails is skipped with a ``RuntimeWarning`` and recorded in
   ``load_failures()``; whatever it registered before failing is rolled back.
+* ``PROTOCOL_VERSION`` is the (major, minor) protocol this tileops speaks. A backend
+  module may declare the one it was written for, ``TILEOPS_PROTOCOL_VERSION = (1, 0)``
+  at top level; another major is a load failure naming both. Declaring nothing is fine.
 """
 
+from .discovery import PROTOCOL_VERSION
 from .errors import AmbiguousTargetError, BackendError, OpNotAvailableError, UnknownTargetError
 from .registry import (
     default_target,
@@ -53,6 +57,7 @@ __all__ = [
     "BuildKernel",
     "KernelResult",
     "OpNotAvailableError",
+    "PROTOCOL_VERSION",
     "Target",
     "TensorSpec",
     "UnknownTargetError",

@@ -11,6 +11,9 @@ reuses it from its own tests::
     @pytest.mark.parametrize("case", harness.cases("acme", device="acme:0"), ids=str)
     def test_acme_matches_the_references(case):
         harness.check(case)
+
+``harness.measure(case)`` runs the same and returns an ``Outcome`` (passed, the largest
+absolute error, what failed) instead of raising: ``tileops check`` is built on it.
 """
 
 from __future__ import annotations
@@ -292,9 +295,37 @@ def constructor_args(case: Case) -> dict[str, Any]:
     return args
 
 
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one case gave: whether it matched, and its largest absolute error (over both
+    calls and every output; ``None`` when the op raised or an output had the wrong
+    dtype or shape). ``message`` says what failed."""
+
+    case: Case
+    passed: bool
+    max_abs_error: float | None
+    message: str | None = None
+
+
+def measure(case: Case) -> Outcome:
+    """Runs ``case`` like ``check`` and reports instead of raising: an exception from the
+    op, its builder or its kernel is a failed outcome whose message names it."""
+    try:
+        worst = _run(case)
+    except AssertionError as failure:
+        return Outcome(case, False, getattr(failure, "worst", None), str(failure))
+    except Exception as error:  # noqa: BLE001 - the harness reports what the target raised
+        return Outcome(case, False, None, f"{case}: {type(error).__name__}: {error}")
+    return Outcome(case, True, worst)
+
+
 def check(case: Case) -> None:
     """Runs ``case`` through the op with ``target=case.target`` and compares it with the
     reference; raises AssertionError naming the case and the largest error."""
+    _run(case)
+
+
+def _run(case: Case) -> float:
     from .. import ops as ops_module
 
     cls = getattr(ops_module, case.op)
@@ -306,20 +337,28 @@ def check(case: Case) -> None:
     params = entry.call_params(specs, op.params)
     expected = references.reference(case.op)(*[_cpu(t) for t in reference_inputs], **params)
     actual = op(*inputs)
-    _compare(case, actual, expected)
+    worst = _compare(case, actual, expected)
     # Second call: a memo hit must give the same answer.
     again = op(*make_inputs(case))
-    _compare(case, again, expected)
+    return max(worst, _compare(case, again, expected))
 
 
 def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.cpu()
 
 
-def _compare(case: Case, actual: Any, expected: Any) -> None:
+class _Mismatch(AssertionError):
+    def __init__(self, message: str, worst: float | None) -> None:
+        super().__init__(message)
+        self.worst = worst
+
+
+def _compare(case: Case, actual: Any, expected: Any) -> float:
+    """The largest absolute error over the outputs; AssertionError when one is off."""
     actual_seq = actual if isinstance(actual, tuple) else (actual,)
     expected_seq = expected if isinstance(expected, tuple) else (expected,)
     assert len(actual_seq) == len(expected_seq), f"{case}: {len(actual_seq)} outputs"
+    largest = 0.0
     for got, want in zip(actual_seq, expected_seq):
         got = got.cpu()
         assert got.dtype == want.dtype, f"{case}: dtype {got.dtype}, expected {want.dtype}"
@@ -327,9 +366,18 @@ def _compare(case: Case, actual: Any, expected: Any) -> None:
             f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
         )
         rtol, atol = references.tolerance(got.dtype)
+        g, w = got.double(), want.double()
+        # equal values (infinities included) and a NaN where the reference has one agree
+        # (equal_nan); any other NaN is an infinite error
+        agree = (g == w) | (g.isnan() & w.isnan())
+        diff = (g - w).abs().masked_fill(agree, 0).nan_to_num(nan=float("inf"))
+        worst = diff.max().item() if diff.numel() else 0.0
+        largest = max(largest, worst)
         if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True):
-            worst = (got.double() - want.double()).abs().nan_to_num(0).max().item()
-            raise AssertionError(f"{case}: max abs error {worst:.3g} > rtol {rtol}, atol {atol}")
+            raise _Mismatch(
+                f"{case}: max abs error {worst:.3g} > rtol {rtol}, atol {atol}", worst
+            )
+    return largest
 
 
 def ids(case_list: Sequence[Case]) -> list[str]:

@@ -15,8 +15,9 @@ manifest's inputs and params as they are needs nothing here.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -48,9 +49,25 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return (0.0, 0.0)
 
 
+_IN_INPUT_DTYPE = [False]  # set by in_input_dtype(): compute as a same-dtype eager call
+
+
+@contextlib.contextmanager
+def in_input_dtype() -> Iterator[None]:
+    """Within it, references compute float16/bfloat16 in that dtype (as a PyTorch user's
+    eager call does) instead of in float32: a speed baseline (``tileops bench``), not a
+    numeric one. Process-wide while it lasts."""
+    saved = _IN_INPUT_DTYPE[0]
+    _IN_INPUT_DTYPE[0] = True
+    try:
+        yield
+    finally:
+        _IN_INPUT_DTYPE[0] = saved
+
+
 def _up(t: Tensor | None) -> Tensor | None:
     """float32 copy of a low-precision float tensor; anything else as is."""
-    if t is not None and t.dtype in _LOW_PRECISION:
+    if t is not None and t.dtype in _LOW_PRECISION and not _IN_INPUT_DTYPE[0]:
         return t.float()
     return t
 

@@ -9,6 +9,9 @@ from tileops.backend import register_detector, register_kernel_builder
 
 from .builders import BUILDERS, TARGET, detect
 
+#: The tileops backend protocol these builders are written for (tileops.backend.PROTOCOL_VERSION).
+TILEOPS_PROTOCOL_VERSION = (1, 0)
+
 register_detector(target=TARGET, detect=detect)
 for _op, _build in BUILDERS.items():
     register_kernel_builder(op=_op, target=TARGET, build_kernel=_build)

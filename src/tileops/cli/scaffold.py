@@ -1,4 +1,4 @@
-"""The ``tileops`` command (also ``python -m tileops``).
+"""``tileops new-backend``: a backend package from the template.
 
     tileops new-backend NAME [--device-type TYPE] [--ops OP,...] [--dest DIR]
 
@@ -18,12 +18,13 @@ import os
 import re
 import shutil
 import string
-import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-TEMPLATES = Path(__file__).resolve().parent / "templates" / "new_backend"
+from ._common import UsageError
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "new_backend"
 
 #: Template file (relative to TEMPLATES) -> file written, relative to the new package's
 #: folder; ``{module}`` is the backend's module name.
@@ -43,9 +44,6 @@ LAYOUT = {
 DEFAULT_OPS = ("RMSNormFwdOp",)
 _LOWER_IDENTIFIER = re.compile(r"[a-z][a-z0-9_]*")
 
-
-class UsageError(Exception):
-    """A command line that cannot be carried out; the message says why and what to do."""
 
 
 # ---- validation ----------------------------------------------------------------------
@@ -74,7 +72,7 @@ def check_device_type(device_type: str) -> str:
 
 def check_ops(text: str | None) -> tuple[str, ...]:
     """The ``--ops`` list: manifest op names, comma-separated, each once."""
-    from . import manifest
+    from .. import manifest
 
     if text is None:
         return DEFAULT_OPS
@@ -109,7 +107,7 @@ def builder_name(op: str) -> str:
 
 
 def _input_rule(decl) -> str:
-    from .manifest._types import dtype_rule_text
+    from ..manifest._types import dtype_rule_text
 
     rule = f"same_as({decl.same_as})" if decl.same_as else dtype_rule_text(decl.dtypes)
     flags = [flag for flag, on in (("optional", decl.optional), ("mutated", decl.mutated)) if on]
@@ -119,7 +117,7 @@ def _input_rule(decl) -> str:
 def builder_stub(op: str) -> str:
     """The stub builder of ``op``: its manifest signature, a comment quoting the manifest,
     and a body that raises the "no kernel yet" error."""
-    from . import manifest
+    from .. import manifest
 
     entry = manifest.entry(op)
     lines = [f"# {op} ({entry.source.name})", "#   inputs, in the order they arrive:"]
@@ -161,7 +159,8 @@ def registration(op: str) -> str:
 
 
 def _values(name: str, device_type: str, ops: Sequence[str]) -> dict[str, str]:
-    from . import manifest
+    from .. import manifest
+    from ..backend import PROTOCOL_VERSION
 
     module = f"tileops_{name}"
     others = [op for op in sorted(manifest.all_entries()) if op not in ops]
@@ -172,6 +171,7 @@ def _values(name: str, device_type: str, ops: Sequence[str]) -> dict[str, str]:
         "module": module,
         "dist": f"tileops-backend-{name}",
         "device_type": device_type,
+        "protocol_version": repr(tuple(PROTOCOL_VERSION)),
         "ops_literal": repr(list(ops)),
         "other_op_literal": repr(other_op),
         "class_prefix": name.title().replace("_", ""),
@@ -230,11 +230,7 @@ def new_backend(
 # ---- command line --------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tileops", description="tileops command-line tools."
-    )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+def add_parser(commands: argparse._SubParsersAction) -> None:
     new = commands.add_parser(
         "new-backend",
         help="write a new backend package from the template",
@@ -257,21 +253,12 @@ def _parser() -> argparse.ArgumentParser:
         "--dest", metavar="DIR", default=".",
         help="folder in which tileops-backend-NAME is created (default: current folder)",
     )
-    return parser
+    new.set_defaults(run=run)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command != "new-backend":
-        parser.print_help(sys.stderr)
-        return 2
-    try:
-        ops = check_ops(args.ops)
-        folder = new_backend(args.name, device_type=args.device_type, ops=ops, dest=args.dest)
-    except UsageError as error:
-        print(f"tileops new-backend: error: {error}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> int:
+    ops = check_ops(args.ops)
+    folder = new_backend(args.name, device_type=args.device_type, ops=ops, dest=args.dest)
     module = f"tileops_{args.name}"
     print(
         f"wrote {folder}\n"

@@ -1,0 +1,256 @@
+// See probes.h. Each kernel is compiled for its instruction set with a target attribute
+// and chosen at run time, so one build runs on any x86-64 and reports what it lacks.
+#include "machine/probes.h"
+
+#include <algorithm>
+#include <array>
+#include <barrier>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace tileops::machine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds of each repeat of fn(thread) run on every thread at once (timed by thread 0
+// between two barriers, so the slowest thread sets the time).
+std::vector<double> run_on_threads(int threads, int repeats, const std::function<void(int)>& fn) {
+  std::vector<double> seconds(static_cast<size_t>(repeats));
+  std::barrier sync(threads);
+  auto body = [&](int t) {
+    for (int r = 0; r < repeats; ++r) {
+      sync.arrive_and_wait();
+      const auto start = Clock::now();
+      fn(t);
+      sync.arrive_and_wait();
+      if (t == 0) {
+        seconds[static_cast<size_t>(r)] =
+            std::chrono::duration<double>(Clock::now() - start).count();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(body, t);
+  body(0);
+  for (auto& helper : helpers) helper.join();
+  return seconds;
+}
+
+void check_threads(int threads, int repeats) {
+  if (threads < 1 || threads > 1024) {
+    throw std::invalid_argument("probe: threads must be in [1, 1024], got " +
+                                std::to_string(threads));
+  }
+  if (repeats < 1) {
+    throw std::invalid_argument("probe: repeats must be >= 1, got " + std::to_string(repeats));
+  }
+}
+
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<float[], FreeDeleter>;
+
+Buffer make_buffer(int64_t floats) {
+  const size_t bytes = static_cast<size_t>(floats) * sizeof(float);
+  auto* p = static_cast<float*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  if (p == nullptr) throw std::bad_alloc();
+  for (int64_t i = 0; i < floats; ++i) p[i] = static_cast<float>(i & 1023);  // fault pages in
+  return Buffer(p);
+}
+
+// ---- bandwidth: 8 independent sums / plain copies; the compiler vectorises both ----------
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float read_span(const float* src,
+                                                                             int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int u = 0; u < 16; ++u) acc[u] += src[i + u];
+  }
+  float total = 0;
+  for (int u = 0; u < 16; ++u) total += acc[u];
+  return total;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void copy_span(const float* src,
+                                                                            float* dst,
+                                                                            int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+// ---- compute: independent accumulator chains, enough to hide the FMA latency ----------
+
+constexpr int kChains = 16;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float fma_avx512(int64_t trips) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < trips; ++it) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
+  }
+  __m512 s = _mm512_setzero_ps();
+  for (const auto& a : acc) s = _mm512_add_ps(s, a);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t trips) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(static_cast<float>(c));
+  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < trips; ++it) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
+  }
+  alignas(32) float lanes[8];
+  __m256 s = _mm256_setzero_ps();
+  for (const auto& a : acc) s = _mm256_add_ps(s, a);
+  _mm256_store_ps(lanes, s);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t trips) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // (1, 1)
+  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x34003400));  // tiny
+  for (int64_t it = 0; it < trips; ++it) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
+  }
+  __m512 s = _mm512_setzero_ps();
+  for (const auto& a : acc) s = _mm512_add_ps(s, a);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+#endif
+
+float fma_scalar(int64_t trips) {
+  std::array<float, kChains> acc;
+  for (int c = 0; c < kChains; ++c) acc[c] = static_cast<float>(c);
+  for (int64_t it = 0; it < trips; ++it) {
+    for (auto& a : acc) a = a * 0.999f + 1e-7f;
+  }
+  float total = 0;
+  for (float a : acc) total += a;
+  return total;
+}
+
+struct ComputeKernel {
+  float (*fn)(int64_t);
+  double flop_per_trip;
+};
+
+ComputeKernel fp32_kernel() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return {fma_avx512, kChains * 16 * 2.0};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {fma_avx2, kChains * 8 * 2.0};
+  }
+#endif
+  return {fma_scalar, kChains * 2.0};
+}
+
+// GFLOP/s per repeat: trips sized from one short single-thread run to about `ms` each.
+std::vector<double> compute_peak(const ComputeKernel& kernel, int threads, int repeats,
+                                 double ms) {
+  check_threads(threads, repeats);
+  if (!(ms > 0)) throw std::invalid_argument("probe: ms must be > 0");
+  std::vector<float> sink(static_cast<size_t>(threads) * 16);
+  const int64_t calibration = 20000;
+  const auto start = Clock::now();
+  sink[0] += kernel.fn(calibration);
+  const double per_trip =
+      std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(calibration);
+  const auto trips = std::max<int64_t>(1000, static_cast<int64_t>(ms * 1e-3 / std::max(per_trip, 1e-12)));
+  const auto seconds = run_on_threads(threads, repeats, [&](int t) {
+    sink[static_cast<size_t>(t) * 16] += kernel.fn(trips);
+  });
+  const double flop = static_cast<double>(trips) * kernel.flop_per_trip * threads;
+  std::vector<double> rates;
+  for (double s : seconds) rates.push_back(flop / s / 1e9);
+  return rates;
+}
+
+}  // namespace
+
+std::vector<double> bandwidth(const std::string& kind, int64_t mib, int threads, int repeats) {
+  check_threads(threads, repeats);
+  const bool copies = kind == "copy";
+  if (!copies && kind != "read") {
+    throw std::invalid_argument("bandwidth probe: kind must be 'read' or 'copy', got '" + kind + "'");
+  }
+  if (mib < 1) throw std::invalid_argument("bandwidth probe: mib must be >= 1");
+  const int64_t floats = mib * (int64_t{1} << 20) / static_cast<int64_t>(sizeof(float));
+  Buffer src = make_buffer(floats);
+  Buffer dst = copies ? make_buffer(floats) : Buffer();
+  std::vector<float> sink(static_cast<size_t>(threads) * 16);
+  const int64_t share = (floats / threads) & ~int64_t{255};
+  const auto seconds = run_on_threads(threads, repeats, [&](int t) {
+    const int64_t begin = t * share, end = t + 1 == threads ? floats : (t + 1) * share;
+    if (copies) {
+      copy_span(src.get() + begin, dst.get() + begin, end - begin);
+    } else {
+      sink[static_cast<size_t>(t) * 16] += read_span(src.get() + begin, end - begin);
+    }
+  });
+  const double bytes = static_cast<double>(floats) * sizeof(float) * (copies ? 2 : 1);
+  std::vector<double> rates;
+  for (double s : seconds) rates.push_back(bytes / s / 1e9);
+  return rates;
+}
+
+std::vector<double> fp32_fma_peak(int threads, int repeats, double ms) {
+  return compute_peak(fp32_kernel(), threads, repeats, ms);
+}
+
+std::string fp32_fma_isa() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return "avx512f";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2+fma";
+#endif
+  return "scalar";
+}
+
+std::string bf16_dot_missing() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16")) return "";
+  return "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+#else
+  return "bf16 dot products are probed on x86-64 (AVX-512 BF16) only";
+#endif
+}
+
+std::vector<double> bf16_dot_peak(int threads, int repeats, double ms) {
+  const std::string missing = bf16_dot_missing();
+  if (!missing.empty()) throw Unavailable(missing);
+#if defined(__x86_64__)
+  return compute_peak({bf16_dot_avx512, kChains * 64.0}, threads, repeats, ms);
+#else
+  return {};
+#endif
+}
+
+}  // namespace tileops::machine

@@ -1,0 +1,289 @@
+"""What every command shares: usage errors, tables (rich on a terminal, plain text
+elsewhere), ``--json``, progress on stderr, and the checks of TARGET, ``--ops`` and
+``--device`` with errors that name what was expected and what arrived."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+class UsageError(Exception):
+    """A command line that cannot be carried out; the message says why and what to do."""
+
+
+# ---- tables -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Table:
+    """Rows of cells under named columns; what every command prints and ``--json`` writes."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    key: str | None = None  # its name under "tables" in --json (default: from the title)
+
+    def add(self, *cells: Any) -> None:
+        assert len(cells) == len(self.columns), (cells, self.columns)
+        self.rows.append(list(cells))
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(cell(v) for v in value) or "-"
+    return str(value)
+
+
+def plain(table: Table) -> str:
+    """The table as aligned plain text (for pipes, files and tests)."""
+    texts = [[cell(v) for v in row] for row in table.rows]
+    widths = [max([len(c)] + [len(r[i]) for r in texts]) for i, c in enumerate(table.columns)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [table.title, line(table.columns), line("-" * w for w in widths)]
+    out += [line(r) for r in texts]
+    out += table.notes
+    return "\n".join(out)
+
+
+def _rich_console() -> Any:
+    if not sys.stdout.isatty() or os.environ.get("TILEOPS_PLAIN"):
+        return None
+    try:
+        from rich.console import Console  # optional extra: tileops[cli]
+    except ImportError:
+        return None
+    return Console()
+
+
+def show(tables: Sequence[Table]) -> None:
+    """Print tables: with rich on a terminal where it is installed, else plain text."""
+    console = _rich_console()
+    for index, table in enumerate(tables):
+        if console is None:
+            print(("\n" if index else "") + plain(table))
+            continue
+        from rich.table import Table as RichTable
+
+        rich = RichTable(title=table.title, title_justify="left")
+        for column in table.columns:
+            rich.add_column(column)
+        for row in table.rows:
+            rich.add_row(*(cell(v) for v in row))
+        console.print(rich)
+        for note in table.notes:
+            console.print(note, markup=False, highlight=False)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", metavar="FILE", nargs="?", const="-", default=None,
+        help="write the result as JSON: to FILE, or to stdout instead of the table when "
+        "FILE is omitted",
+    )
+
+
+def report(args: argparse.Namespace, tables: Sequence[Table], extra: dict | None = None) -> None:
+    """The command's output: the tables, and ``--json`` when asked for."""
+    payload = {
+        "command": args.command,
+        **(extra or {}),
+        "tables": {
+            (t.key or _key(t.title)): {"title": t.title, "rows": t.records(), "notes": t.notes}
+            for t in tables
+        },
+    }
+    where = getattr(args, "json", None)
+    if where == "-":
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        print()
+        return
+    show(tables)
+    if where is not None:
+        with open(where, "w") as out:
+            json.dump(payload, out, indent=2, default=str)
+
+
+def _key(title: str) -> str:
+    return title.split(":")[0].strip().lower().replace(" ", "_")
+
+
+# ---- progress ---------------------------------------------------------------------------
+
+
+class Progress:
+    """``done/total label`` on stderr: redrawn in place on a terminal, else a line every
+    few seconds (and the last), so a long run shows it is alive without flooding logs."""
+
+    def __init__(self, what: str, total: int, every: float = 5.0) -> None:
+        self.what, self.total, self.every = what, total, every
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.done = 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        now = time.monotonic()
+        text = f"{self.what}: {self.done}/{self.total} {label}"
+        if self.tty:
+            sys.stderr.write("\r\x1b[K" + text[:150])
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif now - self.last >= self.every or self.done == self.total:
+            self.last = now
+            print(text, file=sys.stderr, flush=True)
+
+
+# ---- checks of the common arguments -----------------------------------------------------
+
+
+def load_note() -> str:
+    from ..backend import load_failures
+
+    failed = load_failures()
+    if not failed:
+        return ""
+    return f" ({len(failed)} backend(s) failed to load; run `tileops doctor` to see why)"
+
+
+def check_target(target: str) -> str:
+    """TARGET must be registered by an installed backend."""
+    from ..backend import registered_targets
+
+    known = registered_targets()
+    if target in known:
+        return target
+    close = difflib.get_close_matches(target, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(
+        f"TARGET: no installed backend registers target {target!r}{hint}; registered "
+        f"targets: {known}{load_note()}"
+    )
+
+
+def target_ops(target: str) -> list[str]:
+    """The manifest ops ``target`` has a builder for, sorted."""
+    from .. import manifest
+    from ..backend import registered_targets
+
+    return sorted(op for op in manifest.all_entries() if target in registered_targets(op))
+
+
+def check_ops(text: str | None, target: str) -> list[str]:
+    """``--ops A,B``: manifest op names the target registers; default every one it does."""
+    from .. import manifest
+
+    served = target_ops(target)
+    if text is None:
+        if not served:
+            raise UsageError(f"target {target!r} registers no builder for any manifest op")
+        return served
+    known = manifest.all_entries()
+    chosen: list[str] = []
+    for raw in text.split(","):
+        op = raw.strip()
+        if not op or op in chosen:
+            continue
+        if op not in known:
+            close = difflib.get_close_matches(op, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UsageError(
+                f"--ops: {op!r} is not an op any manifest declares{hint}; expected names "
+                f"such as {', '.join(served[:5] or sorted(known)[:5])}"
+            )
+        if op not in served:
+            raise UsageError(
+                f"--ops: target {target!r} registers no builder for {op}; it registers: "
+                f"{', '.join(served) or 'none'}"
+            )
+        chosen.append(op)
+    if not chosen:
+        raise UsageError("--ops names no op; give manifest op names, comma-separated")
+    return chosen
+
+
+
+def present_devices() -> list[str]:
+    """Devices worth asking detectors about here: the CPU, each visible accelerator, meta."""
+    import torch
+
+    out = ["cpu"]
+    for kind in ("cuda", "xpu"):
+        module = getattr(torch, kind, None)
+        try:
+            count = module.device_count() if module is not None and module.is_available() else 0
+        except Exception:  # noqa: BLE001 - a broken driver means: none here
+            count = 0
+        out += [f"{kind}:{i}" for i in range(count)]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    out.append("meta")
+    return out
+
+
+def claims(target: str, device: Any) -> bool | str:
+    """The target's detector's answer for ``device``: True, False, or why it failed."""
+    from .. import _C
+
+    detect = _C.process_registry.detector(target)
+    if detect is None:
+        return "no detector"
+    try:
+        answer = detect(device)
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        return f"raised {type(error).__name__}: {error}"
+    return answer if isinstance(answer, bool) else f"returned {answer!r}, not a bool"
+
+
+def check_device(text: str | None, target: str) -> str:
+    """``--device``: a torch device the target's detector claims; default the first
+    present device it claims."""
+    import torch
+
+    if text is None:
+        for name in present_devices():
+            if claims(target, torch.device(name)) is True:
+                return name
+        raise UsageError(
+            f"target {target!r} claims none of the devices present here "
+            f"({', '.join(present_devices())}); pass --device for the device it serves"
+        )
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise UsageError(
+            f"--device: expected a torch device such as 'cpu' or 'cuda:0', got {text!r} ({error})"
+        ) from None
+    answer = claims(target, device)
+    if answer is not True:
+        raise UsageError(
+            f"--device: target {target!r} does not claim device {str(device)!r} (its detector "
+            f"answered {answer!r}); expected a device it serves"
+        )
+    return str(device)
+
+
+def default_scale(device: str) -> str:
+    """Workloads as written on accelerators; scaled to CPU size on the CPU (and meta)."""
+    return "cpu" if device.split(":")[0] in ("cpu", "meta") else "full"
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
