@@ -101,7 +101,7 @@ def _baseline(name: str, case: Any, target: str) -> tuple[str, Callable[..., Any
     entry = manifest.entry(case.op)
     if name in ("eager", "compile"):
         op = getattr(ops, case.op)(**harness.constructor_args(case), target=target)
-        inputs = harness.make_inputs(case)
+        inputs = harness.make_inputs(case, full=True)
         specs = [None if t is None else TensorSpec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
         params = entry.call_params(specs, op.params)
         fn = references.reference(case.op)
@@ -142,7 +142,7 @@ def measure(case: Any, target: str, baseline: str, rounds: int, min_time: float)
 
     entry = manifest.entry(case.op)
     op = getattr(ops, case.op)(**harness.constructor_args(case), target=target)
-    inputs = harness.make_inputs(case)
+    inputs = harness.make_inputs(case, full=True)
     base_label, base = _baseline(baseline, case, target)
     base_inputs = [None if t is None else t.clone() for t in inputs]
     sync = _sync_for(case.device)

@@ -179,8 +179,10 @@ def _input_dtype(decl: Any, dtype: torch.dtype) -> torch.dtype:
     return decl.dtypes[-1]  # e.g. position_ids: an integer dtype whatever the data dtype
 
 
-def make_inputs(case: Case, generator: torch.Generator | None = None) -> list[torch.Tensor | None]:
-    """Random inputs for ``case`` that respect each op's value domain."""
+def make_inputs(case: Case, generator: torch.Generator | None = None, *, full: bool = False) -> list[torch.Tensor | None]:
+    """Random inputs for ``case`` that respect each op's value domain. ``full``: index
+    inputs as the manifest roofline assumes them (requests equally long, block tables
+    full), for timing; otherwise they vary, to find edge cases."""
     entry = manifest.entry(case.op)
     gen = generator or torch.Generator().manual_seed(0)
     out: list[torch.Tensor | None] = []
@@ -208,7 +210,7 @@ def make_inputs(case: Case, generator: torch.Generator | None = None) -> list[to
             t = (t.float() / shape[-1] ** 0.5).to(dtype)
         out.append(t)
     if entry.value_rules:
-        chosen = index_inputs(entry, case.shapes, case.params, gen)
+        chosen = index_inputs(entry, case.shapes, case.params, gen, full=full)
         out = [chosen.get(d.name, t) for d, t in zip(entry.inputs, out)]
     if case.strided:
         out = [_strided(t) if t is not None and t.ndim >= 2 else t for t in out]
@@ -216,11 +218,13 @@ def make_inputs(case: Case, generator: torch.Generator | None = None) -> list[to
 
 
 def index_inputs(
-    entry: manifest.OpEntry, shapes: dict, params: dict, gen: torch.Generator
+    entry: manifest.OpEntry, shapes: dict, params: dict, gen: torch.Generator, *, full: bool = False
 ) -> dict[str, torch.Tensor]:
     """Values for the inputs an entry's value rules read, which every rule accepts: offsets
-    split their total unevenly (empty requests included), lengths fill what the page
-    tables leave, and each request gets pages of its own, so no two write one row."""
+    split their total unevenly (empty requests included), lengths take part of what the
+    page tables leave, and each request gets pages of its own, so no two write one row.
+    ``full``: offsets split evenly over every row and lengths take all the room (the
+    shapes a roofline formula assumes)."""
     rules = entry.value_rules
     dtypes = {d.name: d.dtypes[-1] for d in entry.inputs if d.dtypes}
     out: dict[str, torch.Tensor] = {}
@@ -230,10 +234,10 @@ def index_inputs(
         if rule.kind in ("offsets", "offsets_within"):
             name = rule.tensors[0]
             (total,) = rule.scalar_values(shapes, params)
-            if rule.kind == "offsets_within":
+            if rule.kind == "offsets_within" and not full:
                 total -= min(3, total // 4)  # a few trailing rows of padding
             count = shapes[name][0] - 1
-            spans = _uneven_split(total, count, limit.get(name, total), gen)
+            spans = _even_split(total, count) if full else _uneven_split(total, count, limit.get(name, total), gen)
             out[name] = torch.tensor([0, *itertools.accumulate(spans)], dtype=dtypes[name])
     for rule in rules:
         if rule.kind != "pages":
@@ -252,7 +256,7 @@ def index_inputs(
         for n in free:
             floor = max(low.get(n, 0), 0)
             room = [max(share - f, floor) for f in fixed]
-            values = [int(torch.randint(floor, r + 1, (1,), generator=gen)) for r in room]
+            values = room if full else [int(torch.randint(floor, r + 1, (1,), generator=gen)) for r in room]
             out[n] = torch.tensor(values, dtype=dtypes[n])
             fixed = [f + x for f, x in zip(fixed, values)]
         pages = torch.randperm(num_pages, generator=gen).tolist()
@@ -266,9 +270,14 @@ def index_inputs(
     return out
 
 
+def _even_split(total: int, count: int) -> list[int]:
+    """``count`` parts of ``total`` that differ by at most one (the smallest largest part)."""
+    return [total // count + (1 if i < total % count else 0) for i in range(count)]
+
+
 def _uneven_split(total: int, count: int, limit: int, gen: torch.Generator) -> list[int]:
     """``count`` non-negative parts of ``total``, each at most ``limit``, not all equal."""
-    spans = [total // count + (1 if i < total % count else 0) for i in range(count)]
+    spans = _even_split(total, count)
     for _ in range(2 * count):
         a, b = torch.randint(0, count, (2,), generator=gen).tolist()
         move = min(spans[a], limit - spans[b])
