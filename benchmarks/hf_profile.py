@@ -1,0 +1,136 @@
+"""Where an enabled Hugging Face model's time goes: each tileops op class's share of a
+decode step and of a prefill, and what is left outside the ops (the Python of
+transformers' modules and of the integration).
+
+    .venv-demo/bin/python benchmarks/hf_profile.py                # P64 decode, P512 prefill
+    .venv-demo/bin/python benchmarks/hf_profile.py --prompt 512 --steps 16
+
+The model is hf_generate.py's Llama (155.7M, bf16, random weights) enabled on native_cpu.
+Every op class's ``__call__`` is wrapped with a timer for the measured forwards only; the
+wrapper's own cost (about a microsecond a call) lands in "outside the ops". GEMMs are
+split by shape, with the bandwidth their weight bytes imply (one row: a GEMV) or their
+GFLOP/s. The machine's read bandwidth is probed right after, for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+import warnings
+
+import torch
+import transformers
+
+from hf_generate import CONFIG, TARGET, read_bandwidth_gbs
+from tileops import ops
+from tileops.integrations.transformers import enable
+
+
+class OpTimer:
+    """Wraps every op class's __call__ while active; accumulates seconds per key."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.classes = [getattr(ops, n) for n in dir(ops) if n.endswith("Op") and isinstance(getattr(ops, n), type)]
+        self.saved: dict[type, object] = {}
+
+    def __enter__(self) -> OpTimer:
+        for cls in self.classes:
+            self.saved[cls] = cls.__call__
+            cls.__call__ = self._timed(cls, cls.__call__)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, call in self.saved.items():
+            cls.__call__ = call
+
+    def _timed(self, cls: type, call):
+        def timed(op, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = call(op, *args, **kwargs)
+            key = cls.__name__
+            if key == "GemmFwdOp":  # x [M, K] @ weight [N, K]^T
+                key += f" m{args[0].shape[0]} n{args[1].shape[0]} k{args[1].shape[1]}"
+            self.seconds[key] += time.perf_counter() - t0
+            self.calls[key] += 1
+            return out
+
+        return timed
+
+
+def report(title: str, timer: OpTimer, total: float, per: int) -> None:
+    print(f"\n{title}: {total / per * 1e3:.2f} ms each")
+    for key, sec in sorted(timer.seconds.items(), key=lambda kv: -kv[1]):
+        extra = ""
+        if key.startswith("GemmFwdOp"):
+            m, n, k = (int(w[1:]) for w in key.split()[1:])
+            per_call = sec / timer.calls[key]
+            extra = (f"  {n * k * 2 / per_call / 1e9:6.1f} GB/s of weight" if m == 1
+                     else f"  {2 * m * n * k / per_call / 1e9:6.1f} GFLOP/s")
+        print(f"  {key:<52} {sec / per * 1e3:8.3f} ms  {timer.calls[key] / per:5.1f} calls{extra}")
+    inside = sum(timer.seconds.values())
+    print(f"  {'ops':<52} {inside / per * 1e3:8.3f} ms")
+    print(f"  {'outside the ops (transformers, integration, wrapper)':<52} {(total - inside) / per * 1e3:8.3f} ms")
+
+
+@torch.no_grad()
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompt", type=int, default=64, help="prompt length before the decode steps")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps timed")
+    ap.add_argument("--prefill", type=int, default=512, help="prompt length of the timed prefill")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).eval()
+    print(enable(model, target=TARGET))
+    ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prompt))
+
+    def decode(steps: int, timer: OpTimer | None) -> float:
+        out = model(ids, use_cache=True)
+        cache, tok, total = out.past_key_values, out.logits[:, -1:].argmax(-1), 0.0
+        for i in range(steps):
+            pos = torch.tensor([[args.prompt + i]])
+            t0 = time.perf_counter()
+            if timer is None:
+                out = model(tok, past_key_values=cache, use_cache=True, position_ids=pos)
+            else:
+                with timer:
+                    out = model(tok, past_key_values=cache, use_cache=True, position_ids=pos)
+            total += time.perf_counter() - t0
+            tok = out.logits[:, -1:].argmax(-1)
+        return total
+
+    decode(4, None)  # kernels built
+    plain = decode(args.steps, None) / args.steps
+    timer = OpTimer()
+    timed = decode(args.steps, timer)
+    print(f"\ndecode step without the timers: {plain * 1e3:.2f} ms")
+    report(f"decode step (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
+
+    long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
+    for _ in range(2):
+        model(long_ids, use_cache=True, logits_to_keep=1)
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        model(long_ids, use_cache=True, logits_to_keep=1)
+        runs.append(time.perf_counter() - t0)
+    timer = OpTimer()
+    t0 = time.perf_counter()
+    with timer:
+        model(long_ids, use_cache=True, logits_to_keep=1)
+    timed = time.perf_counter() - t0
+    print(f"\nprefill without the timers: median {statistics.median(runs) * 1e3:.1f} ms")
+    report(f"prefill (prompt {args.prefill}, batch 1)", timer, timed, 1)
+    print(f"\nread bandwidth now: {read_bandwidth_gbs():.1f} GB/s (weights read per decode step: "
+          f"{sum(p.numel() * p.element_size() for p in model.parameters() if p is not model.get_input_embeddings().weight) / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
