@@ -90,6 +90,29 @@ def show(tables: Sequence[Table]) -> None:
             console.print(note, markup=False, highlight=False)
 
 
+def add_selection_options(parser: argparse.ArgumentParser) -> None:
+    """TARGET, --ops, --device and --scale: what check and bench run, and on what."""
+    parser.add_argument("target", metavar="TARGET", help="a registered target, e.g. native_cpu")
+    parser.add_argument("--ops", metavar="A,B", help="only these ops (default: every op it registers)")
+    parser.add_argument(
+        "--device", metavar="D",
+        help="the device to run on (default: the first device present that TARGET claims)",
+    )
+    parser.add_argument(
+        "--scale", choices=("tiny", "cpu", "full"), default=None,
+        help="workload sizes: 'full' as written, 'cpu' scaled to at most 2**21 elements per "
+        "tensor, 'tiny' a few hundred (default: 'cpu' on the CPU, 'full' elsewhere)",
+    )
+
+
+def selection(args: argparse.Namespace) -> tuple[str, list[str], str, str]:
+    """(target, ops, device, scale) from add_selection_options' arguments, each checked."""
+    target = check_target(args.target)
+    ops = check_ops(args.ops, target)
+    device = check_device(args.device, target)
+    return target, ops, device, args.scale or default_scale(device)
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", metavar="FILE", nargs="?", const="-", default=None,

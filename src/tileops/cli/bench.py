@@ -29,12 +29,10 @@ from ._common import (
     Table,
     UsageError,
     add_json_option,
-    check_device,
-    check_ops,
-    check_target,
-    default_scale,
+    add_selection_options,
     dtype_name,
     report,
+    selection,
 )
 
 
@@ -45,16 +43,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", metavar="TARGET", help="a registered target, e.g. native_cpu")
-    parser.add_argument("--ops", metavar="A,B", help="only these ops (default: every op it registers)")
-    parser.add_argument("--device", metavar="D", help="the device (default: the first present one TARGET claims)")
+    add_selection_options(parser)
     parser.add_argument(
         "--baseline", default="eager", metavar="eager|compile|TARGET",
         help="what the speed-up is against (default: eager)",
-    )
-    parser.add_argument(
-        "--scale", choices=("tiny", "cpu", "full"), default=None,
-        help="workload sizes (default: 'cpu' on the CPU, 'full' elsewhere)",
     )
     parser.add_argument("--profile", metavar="F.yaml|NAME",
                         help="machine profile: a file, or a shipped one (h200, h20); default: the "
@@ -171,9 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from ..testing import harness, references
     from . import _profile
 
-    target = check_target(args.target)
-    ops = check_ops(args.ops, target)
-    device = check_device(args.device, target)
+    target, ops, device, scale = selection(args)
     _check_plot(args.plot)
     if args.rounds < 1 or not args.min_time > 0:
         raise UsageError(f"--rounds and --min-time must be positive, got {args.rounds}, {args.min_time}")
@@ -192,7 +182,6 @@ def run(args: argparse.Namespace) -> int:
                 f"{', '.join(missing)}; pass --ops with ops both targets serve"
             )
     profile = _profile.load(args.profile) if args.profile else _profile.for_device(device)
-    scale = args.scale or default_scale(device)
     cases = [
         harness.Case(op, workload, dict(shapes), dict(params), dtype, target, device)
         for op in ops

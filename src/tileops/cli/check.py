@@ -19,12 +19,10 @@ from ._common import (
     Table,
     UsageError,
     add_json_option,
-    check_device,
-    check_ops,
-    check_target,
-    default_scale,
+    add_selection_options,
     dtype_name,
     report,
+    selection,
 )
 
 
@@ -35,17 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("target", metavar="TARGET", help="a registered target, e.g. native_cpu")
-    parser.add_argument("--ops", metavar="A,B", help="only these ops (default: every op it registers)")
-    parser.add_argument(
-        "--device", metavar="D",
-        help="the device to run on (default: the first device present that TARGET claims)",
-    )
-    parser.add_argument(
-        "--scale", choices=("tiny", "cpu", "full"), default=None,
-        help="workload sizes: 'full' as written, 'cpu' scaled to at most 2**21 elements per "
-        "tensor, 'tiny' a few hundred (default: 'cpu' on the CPU, 'full' elsewhere)",
-    )
+    add_selection_options(parser)
     parser.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report (one testcase per case)")
     add_json_option(parser)
     parser.set_defaults(run=run)
@@ -54,10 +42,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..testing import harness
 
-    target = check_target(args.target)
-    ops = check_ops(args.ops, target)
-    device = check_device(args.device, target)
-    scale = args.scale or default_scale(device)
+    target, ops, device, scale = selection(args)
     cases = harness.cases(target, device=device, scale=scale, ops=ops)
     if not cases:
         raise UsageError(f"the manifest gives no workload for {', '.join(ops)}")
