@@ -94,6 +94,27 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void copy_span(cons
 constexpr int kChains = 16;
 
 #if defined(__x86_64__)
+// Every lane of every chain, summed: the result the compiler must not drop.
+__attribute__((target("avx512f"))) float sum_chains(const __m512 (&acc)[kChains]) {
+  __m512 s = _mm512_setzero_ps();
+  for (const auto& a : acc) s = _mm512_add_ps(s, a);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
+__attribute__((target("avx2,fma"))) float sum_chains(const __m256 (&acc)[kChains]) {
+  __m256 s = _mm256_setzero_ps();
+  for (const auto& a : acc) s = _mm256_add_ps(s, a);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s);
+  float total = 0;
+  for (float v : lanes) total += v;
+  return total;
+}
+
 __attribute__((target("avx512f"))) float fma_avx512(int64_t trips) {
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
@@ -102,13 +123,7 @@ __attribute__((target("avx512f"))) float fma_avx512(int64_t trips) {
 #pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
   }
-  __m512 s = _mm512_setzero_ps();
-  for (const auto& a : acc) s = _mm512_add_ps(s, a);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float total = 0;
-  for (float v : lanes) total += v;
-  return total;
+  return sum_chains(acc);
 }
 
 __attribute__((target("avx2,fma"))) float fma_avx2(int64_t trips) {
@@ -119,13 +134,7 @@ __attribute__((target("avx2,fma"))) float fma_avx2(int64_t trips) {
 #pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
   }
-  alignas(32) float lanes[8];
-  __m256 s = _mm256_setzero_ps();
-  for (const auto& a : acc) s = _mm256_add_ps(s, a);
-  _mm256_store_ps(lanes, s);
-  float total = 0;
-  for (float v : lanes) total += v;
-  return total;
+  return sum_chains(acc);
 }
 
 __attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t trips) {
@@ -137,13 +146,7 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t trip
 #pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], x, y);
   }
-  __m512 s = _mm512_setzero_ps();
-  for (const auto& a : acc) s = _mm512_add_ps(s, a);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float total = 0;
-  for (float v : lanes) total += v;
-  return total;
+  return sum_chains(acc);
 }
 #endif
 
