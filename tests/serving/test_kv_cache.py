@@ -267,6 +267,7 @@ def test_reserve_takes_many_sequences_at_once_and_says_whether_pages_changed():
     assert c.pages(a) == (0,) and c.pages(b) == (1, 2)
     c.advance([a, b], [3, 5])
     assert c.reserve([a, b], [1, 1]) is False  # both last pages have room
+    assert c.pages_needed([a, b], [2, 4]) == 2 and c.num_free_pages == 1  # asking takes nothing
     with pytest.raises(RuntimeError, match="exhausted: 2 more pages needed, 1 of 4 free"):
         c.reserve([a, b], [2, 4])
     assert c.pages(a) == (0,) and c.pages(b) == (1, 2)  # all or nothing

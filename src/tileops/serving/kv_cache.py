@@ -155,33 +155,40 @@ class PagedKVCache:
         nothing: raises ValueError past ``max_pages_per_seq`` and RuntimeError when the pool
         has too few free pages. Returns whether any page was allocated (block tables
         change only then)."""
-        ids = self._ids(seq_ids)
-        per_seq = [_count("n_tokens", counts)] if isinstance(counts, int) else [_count("counts[i]", c) for c in _as_list(counts)]
-        if len(per_seq) != len(ids):
-            raise ValueError(f"PagedKVCache.reserve: {len(ids)} sequences but {len(per_seq)} counts")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"PagedKVCache.reserve: seq_ids must be distinct, got {ids}")
         free_before = len(self._free)
-        self._reserve_all(dict(zip(ids, per_seq)))
+        self._reserve_all(self._wanted("reserve", seq_ids, counts))
         return len(self._free) != free_before
+
+    def pages_needed(self, seq_ids: int | Sequence[int], counts: int | Sequence[int] | torch.Tensor) -> int:
+        """How many free pages ``reserve(seq_ids, counts)`` would take (none is taken here);
+        raises ValueError past ``max_pages_per_seq`` as reserve does."""
+        return sum(self._pages_needed(s, n) for s, n in self._wanted("pages_needed", seq_ids, counts).items())
 
     def advance(self, seq_ids: int | Sequence[int], counts: Sequence[int] | torch.Tensor) -> None:
         """Records that ``counts[i]`` more tokens of ``seq_ids[i]`` were written into its
         reserved pages by someone else (paged prefill appends its chunk itself): reserve,
         run the op with the old ``seqlens``, then advance."""
-        ids = self._ids(seq_ids)
-        per_seq = [_count("counts[i]", c) for c in _as_list(counts)]
-        if len(per_seq) != len(ids):
-            raise ValueError(f"PagedKVCache.advance: {len(ids)} sequences but {len(per_seq)} counts")
-        for seq_id, n in zip(ids, per_seq):
+        wanted = self._wanted("advance", seq_ids, counts)
+        for seq_id, n in wanted.items():
             room = len(self._pages[seq_id]) * self.page_size - self._lengths[seq_id]
             if n > room:
                 raise ValueError(
                     f"PagedKVCache.advance: sequence {seq_id} has room for {room} more tokens in its "
                     f"reserved pages, got {n} (reserve them first)"
                 )
-        for seq_id, n in zip(ids, per_seq):
+        for seq_id, n in wanted.items():
             self._lengths[seq_id] += n
+
+    def _wanted(self, method: str, seq_ids: Any, counts: Any) -> dict[int, int]:
+        """{sequence: token count} from a method's (seq_ids, counts): one sequence and one
+        count may be plain ints; the sequences must be live and distinct."""
+        ids = self._ids(seq_ids)
+        per_seq = [_count("n_tokens", counts)] if isinstance(counts, int) else [_count("counts[i]", c) for c in _as_list(counts)]
+        if len(per_seq) != len(ids):
+            raise ValueError(f"PagedKVCache.{method}: {len(ids)} sequences but {len(per_seq)} counts")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"PagedKVCache.{method}: seq_ids must be distinct, got {ids}")
+        return dict(zip(ids, per_seq))
 
     def grow(self, num_pages: int) -> None:
         """Enlarges the pool to ``num_pages`` pages (one copy of every layer's K and V). Page ids, block

@@ -157,8 +157,7 @@ class TileopsCache(Cache):
         device = k.device
         if self.paged is None:
             self._make(len(counts), k, max(counts))
-        need = sum(max(0, -(-(c + n) // self.page_size) - len(self.paged.pages(s)))
-                   for s, c, n in zip(self.seqs, cached, counts))
+        need = self.paged.pages_needed(self.seqs, counts)
         if need > self.paged.num_free_pages:
             held = self.paged.num_pages - self.paged.num_free_pages
             self.paged.grow(max(2 * self.paged.num_pages, held + need))
