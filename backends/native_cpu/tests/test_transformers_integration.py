@@ -231,6 +231,59 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+DENSE = [a for a in ARCHS if a != "qwen3_moe"]
+
+
+@pytest.mark.parametrize("arch", DENSE)
+def test_the_fused_model_forward_gives_the_bits_of_transformers_forward_over_the_patched_modules(arch):
+    """Where every layer is fused, a forward runs as one loop (_fused_model.py); a hook on
+    any module sends it through transformers' forward instead. Both give the same bits, at
+    a left-padded prefill and at every decode step."""
+    model = _model(arch)
+    report = hf.enable(model, target=TARGET)
+    assert report.count("model forward") == 1
+    ids, mask = _prompt(True)
+    calls = []
+    fused = model.model._tileops.fused
+    original = type(fused).forward
+    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    try:
+        looped = _teacher_forced(model, ids, mask, steps=4)
+        assert len(calls) == 5
+        hook = model.model.layers[-1].mlp.register_forward_hook(lambda *a: None)
+        through_transformers = _teacher_forced(model, ids, mask, tokens=looped[2], steps=4)
+        hook.remove()
+    finally:
+        type(fused).forward = original
+    assert len(calls) == 5  # none with the hook
+    assert torch.equal(looped[0], through_transformers[0]) and torch.equal(looped[1], through_transformers[1])
+
+
+def test_asking_for_hidden_states_runs_transformers_forward_and_returns_them():
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(False)
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask)
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert plain.hidden_states is None
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    assert torch.equal(out.logits, plain.logits)
+
+
+def test_the_base_model_called_alone_positionally_and_as_a_tuple_runs_the_fused_forward():
+    model = _model("qwen3")
+    hf.enable(model, target=TARGET)
+    ids, _ = _prompt(False)
+    with torch.no_grad():
+        want = model.model(input_ids=ids).last_hidden_state
+        got = model.model(ids, return_dict=False)[0]
+        embeds = model.model(inputs_embeds=model.model.embed_tokens(ids)).last_hidden_state
+    assert torch.equal(got, want) and torch.equal(embeds, want)
+    with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+        model.model()
+
+
 def test_a_layer_with_a_piece_on_torch_keeps_transformers_layer_forward():
     model = _model("llama", hidden_act="relu")  # the MLP stays on torch (strict=False)
     ids, mask = _prompt(True)

@@ -27,7 +27,8 @@ from torch import nn
 
 from tileops.serving.host_memory import on_huge_pages
 
-__all__ = ["StackedLinear", "plan_fusions", "apply_fusions", "undo_fusions", "stacked_members", "stacks"]
+__all__ = ["StackedLinear", "plan_fusions", "apply_fusions", "undo_fusions", "stacked_members", "stacks", "norm_weight",
+           "norm_eps"]
 
 # decoder layer attributes: (norm before attention, norm after attention or None,
 # norm before the MLP, norm after the MLP or None)
@@ -102,10 +103,19 @@ def plan_fusions(model: nn.Module, plan: Any, ops: Any, target: str | None) -> N
         if layout is not None:
             _, _, norm2, _ = _LAYOUTS[layout]
             norm = getattr(module, norm2)
-            eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
             plan.add("decoder layer", name, module, _layer_forward, sandwich=layout == "sandwich",
-                     add_norm=ops.FusedAddRMSNormFwdOp(eps, target=target), norm2=norm,
+                     add_norm=ops.FusedAddRMSNormFwdOp(norm_eps(norm), target=target), norm2=norm,
                      signature=inspect.signature(type(module).forward))
+
+
+def norm_weight(norm: nn.Module) -> torch.Tensor:
+    """The weight a served RMSNorm's op takes (``1 + w`` made once for Gemma's norms)."""
+    weight = norm._tileops.weight
+    return norm.weight if weight is None else weight
+
+
+def norm_eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
 
 
 def _layout(module: nn.Module, served: dict[int, str]) -> str | None:
@@ -162,9 +172,7 @@ def _layer_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **k
     h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
     if st.sandwich:
         h = self.post_attention_layernorm(h)
-    norm = st.norm2
-    weight = norm._tileops.weight if norm._tileops.weight is not None else norm.weight
-    h, residual = st.add_norm(h.contiguous(), residual.contiguous(), weight)
+    h, residual = st.add_norm(h.contiguous(), residual.contiguous(), norm_weight(st.norm2))
     h = self.mlp(h)
     if st.sandwich:
         h = self.post_feedforward_layernorm(h)

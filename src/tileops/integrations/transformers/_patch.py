@@ -25,7 +25,7 @@ from torch import nn
 
 from tileops.serving.host_memory import huge_pages_available
 
-from . import _attention, _fusion, _moe, _placement
+from . import _attention, _forwards, _fused_model, _fusion, _moe, _placement
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -80,66 +80,7 @@ class EnableReport:
         return "\n".join(lines)
 
 
-# ---- the per-instance forwards ---------------------------------------------------------
-
-
-def _linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    st = self._tileops
-    y = st.gemm(x.reshape(-1, x.shape[-1]).contiguous(), self.weight)
-    if self.bias is not None:
-        y = st.add(y, self.bias)
-    return y.view(*x.shape[:-1], y.shape[-1])
-
-
-def _rmsnorm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    st = self._tileops
-    weight = st.weight if st.weight is not None else self.weight
-    return st.norm(x.contiguous(), weight)
-
-
-def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    st = self._tileops
-    x2 = x.reshape(-1, x.shape[-1])
-    if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
-        gate_up = st.gate_up(x2.contiguous())
-    else:
-        gate_up = torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1)  # [M, 2I]: gate | value
-    return self.down_proj(st.act(gate_up)).view(*x.shape[:-1], -1)
-
-
-def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
-                       attention_mask: Any = None, cache: Any = None, past_key_values: Any = None,
-                       position_ids: torch.Tensor | None = None, **kwargs: Any):
-    st = self._tileops
-    cache = cache if cache is not None else past_key_values
-    if cache is not None and not isinstance(cache, TileopsCache):
-        raise TypeError(
-            f"{st.name}: tileops attention reads a TileopsCache, got {type(cache).__name__} "
-            "(let the enabled model make its cache, or pass past_key_values=TileopsCache(config=model.config))"
-        )
-    batch, q_len, _ = hidden_states.shape
-    dim = self.head_dim
-    if getattr(st, "qkv", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
-        nq, nk, _ = st.qkv.sizes
-        heads = st.qkv(hidden_states.reshape(batch * q_len, -1).contiguous()).view(batch * q_len, -1, dim)
-        q, k, v = heads[:, : nq // dim], heads[:, nq // dim : (nq + nk) // dim], heads[:, (nq + nk) // dim :]
-        v = v.reshape(batch, q_len, -1, dim)  # a view when the slice is contiguous (one row)
-    else:
-        q = self.q_proj(hidden_states).view(batch * q_len, -1, dim)
-        k = self.k_proj(hidden_states).view(batch * q_len, -1, dim)
-        v = self.v_proj(hidden_states).view(batch, q_len, -1, dim)
-    if st.qk_norm:
-        q, k = self.q_norm(q), self.k_norm(k)
-    if position_ids is None:
-        raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
-    pos = position_ids.expand(batch, q_len).reshape(-1)
-    st.positions.check(position_ids, pos, st.name,
-                       " (dynamic NTK scaling past it is not served)" if st.rope_type == "dynamic" else "")
-    q, k = st.rope(q, pos), st.rope(k, pos)
-    heads, heads_kv = q.shape[1], k.shape[1]
-    out = _attention.attend(self, q.view(batch, q_len, heads, dim), k.view(batch, q_len, heads_kv, dim), v,
-                            attention_mask, cache, scaling=st.scaling, sliding_window=st.window, softcap=st.softcap)
-    return self.o_proj(out.reshape(batch, q_len, heads * dim)), None
+# ---- the base model's forward ----------------------------------------------------------
 
 
 def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
@@ -152,6 +93,12 @@ def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
     use_cache = self.config.use_cache if use_cache is None else use_cache
     if cache is None and use_cache or cache is not None and not isinstance(cache, TileopsCache) and _empty(cache):
         cache = TileopsCache(config=self.config)
+    if st.fused is not None and len(args) <= 1:  # the whole model as one loop (_fused_model.py)
+        if args:
+            kwargs["input_ids"] = args[0]
+        if st.fused.accepts(kwargs):
+            return st.fused.forward(cache, **kwargs)
+        args = (kwargs.pop("input_ids"),) if args else ()
     kwargs[st.cache_kw] = cache
     return st.forward(*args, **kwargs)
 
@@ -309,7 +256,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
                 width, PAGE_SIZE, mq, True, s, c, w, target=plan.target)),
         )))
     for name, module, state in staged:
-        plan.add("attention", name, module, _attention_forward, **state)
+        plan.add("attention", name, module, _forwards.attention_forward, **state)
 
 
 class _PositionCheck:
@@ -375,7 +322,7 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
             if module.weight.dtype not in _HALF:
                 plan.refuse(name, "Linear", f"weight dtype {module.weight.dtype}")
                 continue
-            plan.add("linear", name, module, _linear_forward, gemm=ops.GemmFwdOp(False, True, target=target),
+            plan.add("linear", name, module, _forwards.linear_forward, gemm=ops.GemmFwdOp(False, True, target=target),
                      add=ops.AddFwdOp(target=target))
         elif cls.endswith("RMSNorm"):
             if cls not in _RMSNORMS:
@@ -383,13 +330,13 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
                 continue
             eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
             weight = (1.0 + module.weight.float()).to(module.weight.dtype) if _RMSNORMS[cls] else None
-            plan.add("rmsnorm", name, module, _rmsnorm_forward, weight=weight,
+            plan.add("rmsnorm", name, module, _forwards.rmsnorm_forward, weight=weight,
                      norm=ops.RMSNormFwdOp((module.weight.shape[0],), float(eps), target=target))
         elif cls.endswith("MLP") and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
             if act_name not in _GATED_ACTS:
                 plan.refuse(name, "gated MLP", f"config hidden_act={act_name!r} (served: {', '.join(_GATED_ACTS)})")
                 continue
-            plan.add("mlp", name, module, _mlp_forward, act=getattr(ops, _GATED_ACTS[act_name])(target=target))
+            plan.add("mlp", name, module, _forwards.mlp_forward, act=getattr(ops, _GATED_ACTS[act_name])(target=target))
     if getattr(config, "final_logit_softcapping", None):
         plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
     plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
@@ -428,7 +375,11 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         # transformers 5.24 renamed the forward's past_key_values to cache
         cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw)
+        fused_layers = {id(m) for m, kind, _s, _f in plan.patches if kind == "decoder layer"}
+        fused = _fused_model.plan_fused_model(base, _ops(), target, fused_layers)
+        if fused is not None:
+            plan.report.replaced["model forward"] = [type(base).__name__]
+        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw, fused=fused)
         base.forward = types.MethodType(_base_model_forward, base)
         saved["base"] = base
     model._tileops_enabled = saved

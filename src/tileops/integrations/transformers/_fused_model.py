@@ -1,0 +1,137 @@
+"""The base model's forward as one loop over fused decoder layers.
+
+When every decoder layer of a model is fused (``_fusion.py``) and its final norm is
+served, a forward needs nothing of transformers' base-model machinery: its mask builders
+make the 2-D padding mask tileops attention reads anyway, its rotary tables go unused
+(the RoPE ops take positions), and its module calls only carry hooks. This loop runs the
+same tileops ops in the same order, calling each piece's rows form (``_forwards.py``) directly, and
+joins the residual add that ends a layer with the next layer's input norm (the last
+layer's with the final norm) in one ``FusedAddRMSNormFwdOp``, as ``_fusion.py`` already
+does inside a layer. The op adds in the model dtype and normalises the rounded sum,
+exactly as transformers' add and norm do, so results are the same bits.
+
+Why: a decode step of hf_generate.py's Llama is ~90 op calls around ~8.5 ms of weight
+streaming, and transformers' module machinery took ~1.5 ms more (hf_profile.py); each
+line of Python after a GEMV that streamed megabytes of weights runs on a cold cache.
+
+The loop runs only where transformers' forward would add nothing to it:
+- no forward hooks on the model's modules, nor global ones (a hook is the user's, or
+  transformers' own for ``output_hidden_states``);
+- no hidden states, attentions or router logits asked for, by argument or config;
+- a 2-D padding mask, or none (a dict of them, as ``generate`` prepares for some models);
+- input ids or embeddings, and no argument it does not know.
+Any other call runs transformers' forward over the same patched modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module
+from transformers.modeling_outputs import BaseModelOutputWithPast
+
+from ._attention import mask_for_tileops
+from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
+from ._fusion import norm_eps, norm_weight
+
+__all__ = ["FusedModel", "plan_fused_model"]
+
+_FLAGS = ("output_attentions", "output_hidden_states", "output_router_logits")
+_KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "return_dict",
+          "cache_position", *_FLAGS}
+
+
+class FusedModel:
+    """The fused forward of one base model (``model.model``)."""
+
+    def __init__(self, base: nn.Module, layers: list[nn.Module], into: list[Any], layer_types: list[str] | None) -> None:
+        self.base, self.layers, self.layer_types = base, layers, layer_types
+        self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
+        self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
+
+    def accepts(self, kwargs: dict) -> bool:
+        if any(k not in _KNOWN for k in kwargs):
+            return False
+        config = self.base.config
+        if any(kwargs.get(f) or getattr(config, f, False) for f in _FLAGS):
+            return False
+        if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+            return False
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self.submodules):
+            return False
+        if torch.compiler.is_compiling():  # transformers' forward is what compile is tested on
+            return False
+        mask = kwargs.get("attention_mask")
+        masks = mask.values() if isinstance(mask, dict) else (mask,)
+        return all(m is None or isinstance(m, torch.Tensor) and m.ndim == 2 for m in masks)
+
+    def forward(self, cache: Any, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
+                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                return_dict: bool | None = None, cache_position: torch.Tensor | None = None, **_flags: Any):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        h = self.base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if position_ids is None:
+            if cache_position is not None:
+                position_ids = cache_position.unsqueeze(0)
+            else:
+                past = cache.get_seq_length() if cache is not None else 0
+                position_ids = (torch.arange(h.shape[1], device=h.device) + past).unsqueeze(0)
+        batch, q_len = h.shape[:2]
+        masks = self._masks(attention_mask)
+        pos = positions_of(self.layers[0].self_attn, position_ids, batch, q_len)  # one check for all layers
+        residual = h.reshape(batch * q_len, -1).contiguous()
+        x = rmsnorm_forward(self.layers[0].input_layernorm, residual)
+        for i, layer in enumerate(self.layers):
+            st, attn = layer._tileops, layer.self_attn
+            a = linear_rows(attn.o_proj, attention_rows(attn, x, batch, q_len, pos, masks[i], cache))
+            if st.sandwich:
+                a = rmsnorm_forward(layer.post_attention_layernorm, a)
+            x, residual = st.add_norm(a, residual, norm_weight(st.norm2))
+            m = mlp_rows(layer.mlp, x)
+            if st.sandwich:
+                m = rmsnorm_forward(layer.post_feedforward_layernorm, m)
+            add_norm, into = self.into[i]
+            x, residual = add_norm(m, residual, norm_weight(into))
+        out = BaseModelOutputWithPast(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
+        return out.to_tuple() if return_dict is False else out
+
+    def _masks(self, attention_mask: Any) -> list[torch.Tensor | None]:
+        """Each layer's padding mask as tileops attention takes it (None: nothing padded)."""
+        if isinstance(attention_mask, dict):  # per layer type, already made by our mask function
+            return [attention_mask[t] for t in self.layer_types]
+        if attention_mask is not None:
+            attention_mask = mask_for_tileops(0, 0, 0, attention_mask=attention_mask)
+        return [attention_mask] * len(self.layers)
+
+
+def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers: set[int]) -> FusedModel | None:
+    """The fused forward of ``base`` when each of its decoder layers is fused and its final
+    norm served; None otherwise."""
+    config = base.config
+    layers = list(getattr(base, "layers", ()))[: getattr(config, "num_hidden_layers", None)]
+    norm = getattr(base, "norm", None)
+    if not layers or any(id(layer) not in fused_layers for layer in layers):
+        return None
+    if norm is None or "_tileops" not in norm.__dict__ or not hasattr(base, "embed_tokens"):
+        return None
+    for layer in layers:  # the pieces the loop calls in their rows forms
+        attn, mlp = layer.self_attn, layer.mlp
+        if not (_served(attn.o_proj) and _served(getattr(mlp, "down_proj", None))
+                and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None):
+            return None
+    made: dict[float, Any] = {}
+    into = []
+    for following in [layer.input_layernorm for layer in layers[1:]] + [norm]:
+        eps = norm_eps(following)
+        if eps not in made:
+            made[eps] = ops.FusedAddRMSNormFwdOp(eps, target=target)
+        into.append((made[eps], following))
+    layer_types = getattr(config, "layer_types", None)
+    return FusedModel(base, layers, into, list(layer_types)[: len(layers)] if layer_types else None)
+
+
+def _served(linear: Any) -> bool:
+    return linear is not None and "_tileops" in linear.__dict__
