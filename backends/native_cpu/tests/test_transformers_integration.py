@@ -284,6 +284,22 @@ def test_the_base_model_called_alone_positionally_and_as_a_tuple_runs_the_fused_
         model.model()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_sequences_packed_into_a_row_attend_each_on_its_own_as_in_transformers(arch):
+    """Without a cache or a mask, position ids that restart within a row mark packed
+    sequences (transformers' packed format); each attends only to itself."""
+    model = _model(arch)
+    ids, _ = _prompt(False)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    with torch.no_grad():
+        ref = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+        hf.enable(model, target=TARGET)
+        got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+        alone = model(input_ids=ids[:1, 5:], use_cache=False).logits  # row 0's second sequence by itself
+    _close(got, ref, torch.bfloat16, f"{arch} packed")
+    _close(got[0, 5:], alone[0], torch.bfloat16, f"{arch} packed sequence alone")
+
+
 def test_a_layer_with_a_piece_on_torch_keeps_transformers_layer_forward():
     model = _model("llama", hidden_act="relu")  # the MLP stays on torch (strict=False)
     ids, mask = _prompt(True)

@@ -64,18 +64,20 @@ def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         )
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]
     out = attend(module, q, k, v, attention_mask, tileops_cache, scaling=scaling, sliding_window=sliding_window,
-                 softcap=softcap)
+                 softcap=softcap, position_ids=kwargs.get("position_ids"))
     return out, None
 
 
 def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            attention_mask: torch.Tensor | None, cache: TileopsCache | None, *, scaling: float | None = None,
-           sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+           sliding_window: int | None = None, softcap: float | None = None,
+           position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, S, H, D], k and v [B, S, H_kv, D] (this forward's tokens) -> [B, S, H, D].
 
     With a cache, the paged prefill op appends the real tokens to this layer's pools and
     attends over everything cached (a decode step is a chunk of one token per sequence);
-    without one, the varlen prefill op attends over the chunk alone."""
+    without one, the varlen prefill op attends over the chunk alone, each of the
+    sequences packed into a row on its own where ``position_ids`` restart within it."""
     state = module._tileops
     batch, q_len, heads, dim = q.shape
     window = -1 if sliding_window is None else sliding_window - 1  # transformers keeps kv > q - window
@@ -87,6 +89,8 @@ def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
         counts = step.counts
     else:
         counts = tuple(new_token_counts(attention_mask, batch, q_len, [0] * batch))
+    packed = None if cache is not None or attention_mask is not None or position_ids is None else (
+        packed_lengths(position_ids, batch, q_len))
     padded = any(n != q_len for n in counts)
     flat = lambda t: t.reshape(batch * q_len, t.shape[2], dim)  # noqa: E731  (a view when [B, S] is contiguous)
     if padded:
@@ -95,20 +99,34 @@ def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
         qp, kp, vp = (flat(t).index_select(0, rows) for t in (q, k, v))
     else:
         qp, kp, vp = flat(q), flat(k), flat(v)
-    longest = _pow2(max(max(counts), 1))
+    longest = _pow2(max(max(packed or counts), 1))
     if cache is not None:
         k_pages, v_pages = layer.pools()
         op = state.paged(step.width, longest, scale, cap, window)
         out_p = op(qp, kp, vp, k_pages, v_pages, None, None, step.cu_seqlens_q, step.cache_seqlens,
                    step.block_table)
     else:
-        cu = PagedKVCache.cu_seqlens(counts, q.device)
+        cu = PagedKVCache.cu_seqlens(packed or counts, q.device)
         out_p = state.prefill(longest, longest, scale, cap, window)(qp, kp, vp, cu, cu)
     if not padded:
         return out_p.view(batch, q_len, heads, dim)
     out = torch.zeros(batch * q_len, heads, dim, dtype=out_p.dtype, device=out_p.device)
     out.index_copy_(0, rows, out_p)
     return out.view(batch, q_len, heads, dim)
+
+
+def packed_lengths(position_ids: torch.Tensor, batch: int, q_len: int) -> list[int] | None:
+    """The lengths, in row order, of the sequences packed into the rows of a cacheless,
+    unmasked forward, or None when each row is one sequence. transformers' packed format
+    (the one its masks follow): a sequence starts wherever a position is not the one
+    before it plus one."""
+    pos = position_ids.expand(batch, q_len)
+    starts = torch.ones(batch, q_len, dtype=torch.bool, device=pos.device)
+    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
+    if int(starts.sum()) == batch:
+        return None
+    first = starts.reshape(-1).nonzero().flatten().tolist()
+    return [end - begin for begin, end in zip(first, first[1:] + [batch * q_len])]
 
 
 def register() -> None:

@@ -97,5 +97,5 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
     q, k = st.rope(q, pos), st.rope(k, pos)
     split = lambda t: t.view(batch, q_len, t.shape[1], dim)  # noqa: E731  (rows b * S + s: always a view)
     out = attend(self, split(q), split(k), split(v), attention_mask, cache, scaling=st.scaling,
-                 sliding_window=st.window, softcap=st.softcap)
+                 sliding_window=st.window, softcap=st.softcap, position_ids=pos.view(batch, q_len))
     return out.view(rows, -1)
