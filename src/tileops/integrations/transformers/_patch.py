@@ -379,6 +379,9 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         fused = _fused_model.plan_fused_model(base, _ops(), target, fused_layers)
         if fused is not None:
             plan.report.replaced["model forward"] = [type(base).__name__]
+            plan.report.on_torch = [(m, f, "torch adds the residual after the MLP only where a call runs transformers' "
+                                     "forward (hooks, output_hidden_states, ...)" if f == "residual adds" else why)
+                                    for m, f, why in plan.report.on_torch]
         base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw, fused=fused)
         base.forward = types.MethodType(_base_model_forward, base)
         saved["base"] = base
