@@ -231,10 +231,7 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
-DENSE = [a for a in ARCHS if a != "qwen3_moe"]
-
-
-@pytest.mark.parametrize("arch", DENSE)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_the_fused_model_forward_gives_the_bits_of_transformers_forward_over_the_patched_modules(arch):
     """Where every layer is fused, a forward runs as one loop (_fused_model.py); a hook on
     any module sends it through transformers' forward instead. Both give the same bits, at

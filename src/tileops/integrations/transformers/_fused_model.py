@@ -25,12 +25,14 @@ Any other call runs transformers' forward over the same patched modules.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _module
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils import ModelOutput
 
 from ._attention import mask_for_tileops
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
@@ -46,9 +48,11 @@ _KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_c
 class FusedModel:
     """The fused forward of one base model (``model.model``)."""
 
-    def __init__(self, base: nn.Module, layers: list[nn.Module], into: list[Any], layer_types: list[str] | None) -> None:
-        self.base, self.layers, self.layer_types = base, layers, layer_types
+    def __init__(self, base: nn.Module, layers: list[nn.Module], into: list[Any], gated: list[bool],
+                 layer_types: list[str] | None) -> None:
+        self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
+        self.output = _output_class(base)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
 
     def accepts(self, kwargs: dict) -> bool:
@@ -90,12 +94,15 @@ class FusedModel:
             if st.sandwich:
                 a = rmsnorm_forward(layer.post_attention_layernorm, a)
             x, residual = st.add_norm(a, residual, norm_weight(st.norm2))
-            m = mlp_rows(layer.mlp, x)
+            if self.gated[i]:
+                m = mlp_rows(layer.mlp, x)
+            else:  # a sparse MoE block: its own forward routes the tokens, as rows of one sequence
+                m = layer.mlp.forward(x.view(1, x.shape[0], -1)).view(x.shape[0], -1)
             if st.sandwich:
                 m = rmsnorm_forward(layer.post_feedforward_layernorm, m)
             add_norm, into = self.into[i]
             x, residual = add_norm(m, residual, norm_weight(into))
-        out = BaseModelOutputWithPast(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
+        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
         return out.to_tuple() if return_dict is False else out
 
     def _masks(self, attention_mask: Any) -> list[torch.Tensor | None]:
@@ -117,10 +124,12 @@ def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers
         return None
     if norm is None or "_tileops" not in norm.__dict__ or not hasattr(base, "embed_tokens"):
         return None
+    gated = []  # per layer: a gated MLP over stacked gate/up (else a sparse MoE block _fusion.py found served)
     for layer in layers:  # the pieces the loop calls in their rows forms
-        attn, mlp = layer.self_attn, layer.mlp
-        if not (_served(attn.o_proj) and _served(getattr(mlp, "down_proj", None))
-                and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None):
+        mlp = layer.mlp
+        gated.append(_served(getattr(mlp, "down_proj", None))
+                     and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None)
+        if not _served(layer.self_attn.o_proj) or not gated[-1] and "_tileops" in mlp.__dict__:
             return None
     made: dict[float, Any] = {}
     into = []
@@ -130,8 +139,16 @@ def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers
             made[eps] = ops.FusedAddRMSNormFwdOp(eps, target=target)
         into.append((made[eps], following))
     layer_types = getattr(config, "layer_types", None)
-    return FusedModel(base, layers, into, list(layer_types)[: len(layers)] if layer_types else None)
+    return FusedModel(base, layers, into, gated, list(layer_types)[: len(layers)] if layer_types else None)
 
 
 def _served(linear: Any) -> bool:
     return linear is not None and "_tileops" in linear.__dict__
+
+
+def _output_class(base: nn.Module) -> type:
+    """The output class transformers' forward of ``base`` returns (MoE models have their
+    own, with router logits)."""
+    made = inspect.signature(type(base).forward).return_annotation
+    return made if isinstance(made, type) and issubclass(made, ModelOutput) else (
+        BaseModelOutputWithPast)

@@ -122,8 +122,7 @@ def _layout(module: nn.Module, served: dict[int, str]) -> str | None:
     """The layer layout when every piece of ``module`` (a decoder layer) is served."""
     if served.get(id(getattr(module, "self_attn", None))) != "attention":
         return None
-    mlp = getattr(module, "mlp", None)
-    if served.get(id(mlp)) is None:  # a gated MLP, or an MoE block, that tileops serves
+    if not _mlp_served(getattr(module, "mlp", None), served):
         return None
     for layout, names in _LAYOUTS.items():
         present = [n for n in names if n is not None]
@@ -132,6 +131,15 @@ def _layout(module: nn.Module, served: dict[int, str]) -> str | None:
             if not any(hasattr(module, n) for n in extra):  # the layout is the whole layer
                 return layout
     return None
+
+
+def _mlp_served(mlp: nn.Module | None, served: dict[int, str]) -> bool:
+    """A gated MLP that tileops serves, or a sparse MoE block whose router and experts it
+    serves (the block's own forward only routes between them)."""
+    if served.get(id(mlp)) == "mlp":
+        return True
+    return (served.get(id(getattr(mlp, "gate", None))) == "moe router"
+            and served.get(id(getattr(mlp, "experts", None))) == "moe experts")
 
 
 def apply_fusions(model: nn.Module) -> None:
