@@ -293,8 +293,15 @@ def test_sequences_packed_into_a_row_attend_each_on_its_own_as_in_transformers(a
         hf.enable(model, target=TARGET)
         got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
         alone = model(input_ids=ids[:1, 5:], use_cache=False).logits  # row 0's second sequence by itself
+        # with a mask given, transformers reads the rows as one sequence each, and so does tileops
+        masked = model(input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids),
+                       use_cache=False).logits
+        hf.disable(model)
+        masked_ref = model(input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids),
+                           use_cache=False).logits
     _close(got, ref, torch.bfloat16, f"{arch} packed")
     _close(got[0, 5:], alone[0], torch.bfloat16, f"{arch} packed sequence alone")
+    _close(masked, masked_ref, torch.bfloat16, f"{arch} a mask given: one sequence per row")
 
 
 def test_a_layer_with_a_piece_on_torch_keeps_transformers_layer_forward():

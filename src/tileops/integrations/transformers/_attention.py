@@ -37,9 +37,19 @@ def mask_for_tileops(batch_size: int, q_length: int, kv_length: int, q_offset: i
                      mask_function: Any = None, attention_mask: torch.Tensor | None = None, **kwargs: Any):
     """The mask tileops attention gets: the 2-D boolean padding mask ``[B, kv_length]``
     (None when nothing is padded). Causality and windows are the ops' own params."""
+    return padding_mask(attention_mask, q_length)
+
+
+def padding_mask(attention_mask: torch.Tensor | None, q_length: int) -> torch.Tensor | None:
+    """A 2-D padding mask as tileops attention takes it: boolean, or None when nothing is
+    padded and there are cached tokens. Over a forward's tokens alone, a mask given stays,
+    even one with nothing padded: transformers reads position ids that restart as
+    sequences packed into a row only where no mask was given (``attend``)."""
     if attention_mask is None:
         return None
     attention_mask = attention_mask.to(torch.bool)
+    if attention_mask.shape[-1] == q_length:
+        return attention_mask
     return None if bool(attention_mask.all()) else attention_mask
 
 

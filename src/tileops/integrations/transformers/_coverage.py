@@ -67,7 +67,7 @@ def _held(module: Any, state: dict[str, Any], declared: set[str], op_class: type
     names: list[str] = []
     for key, value in state.items():
         if key == "add" and not _has_bias(module, value):
-            continue  # a Linear's add serves its bias only (_patch._linear_forward)
+            continue  # a Linear's add serves its bias only (_forwards.linear_rows)
         if isinstance(value, op_class):
             names.append(type(value).__name__)
         elif isinstance(value, types.FunctionType):

@@ -4,15 +4,16 @@ When every decoder layer of a model is fused (``_fusion.py``) and its final norm
 served, a forward needs nothing of transformers' base-model machinery: its mask builders
 make the 2-D padding mask tileops attention reads anyway, its rotary tables go unused
 (the RoPE ops take positions), and its module calls only carry hooks. This loop runs the
-same tileops ops in the same order, calling each piece's rows form (``_forwards.py``) directly, and
-joins the residual add that ends a layer with the next layer's input norm (the last
-layer's with the final norm) in one ``FusedAddRMSNormFwdOp``, as ``_fusion.py`` already
-does inside a layer. The op adds in the model dtype and normalises the rounded sum,
+same tileops ops in the same order, calling each piece's rows form (``_forwards.py``)
+directly, and joins the residual add that ends a layer with the next layer's input norm
+(the last layer's with the final norm) in one ``FusedAddRMSNormFwdOp``, as ``_fusion.py``
+already does inside a layer. The op adds in the model dtype and normalises the rounded sum,
 exactly as transformers' add and norm do, so results are the same bits.
 
-Why: a decode step of hf_generate.py's Llama is ~90 op calls around ~8.5 ms of weight
-streaming, and transformers' module machinery took ~1.5 ms more (hf_profile.py); each
-line of Python after a GEMV that streamed megabytes of weights runs on a cold cache.
+Why: a decode step of hf_generate.py's Llama is ~90 op calls around 8-9 ms of weight
+streaming, and transformers' module machinery took 0.5-1.5 ms more; each line of Python
+after a GEMV that streamed megabytes of weights runs on a cold cache (the first torch op
+after a forward took 66 us, the same op again 4 us).
 
 The loop runs only where transformers' forward would add nothing to it:
 - no forward hooks on the model's modules, nor global ones (a hook is the user's, or
@@ -34,7 +35,7 @@ from torch.nn.modules import module as _module
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import ModelOutput
 
-from ._attention import mask_for_tileops
+from ._attention import padding_mask
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
 from ._fusion import norm_eps, norm_weight
 
@@ -68,6 +69,8 @@ class FusedModel:
         if torch.compiler.is_compiling():  # transformers' forward is what compile is tested on
             return False
         mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict) and self.layer_types is None:
+            return False
         masks = mask.values() if isinstance(mask, dict) else (mask,)
         return all(m is None or isinstance(m, torch.Tensor) and m.ndim == 2 for m in masks)
 
@@ -84,7 +87,7 @@ class FusedModel:
                 past = cache.get_seq_length() if cache is not None else 0
                 position_ids = (torch.arange(h.shape[1], device=h.device) + past).unsqueeze(0)
         batch, q_len = h.shape[:2]
-        masks = self._masks(attention_mask)
+        masks = self._masks(attention_mask, q_len)
         pos = positions_of(self.layers[0].self_attn, position_ids, batch, q_len)  # one check for all layers
         residual = h.reshape(batch * q_len, -1).contiguous()
         x = rmsnorm_forward(self.layers[0].input_layernorm, residual)
@@ -105,13 +108,11 @@ class FusedModel:
         out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
         return out.to_tuple() if return_dict is False else out
 
-    def _masks(self, attention_mask: Any) -> list[torch.Tensor | None]:
+    def _masks(self, attention_mask: Any, q_len: int) -> list[torch.Tensor | None]:
         """Each layer's padding mask as tileops attention takes it (None: nothing padded)."""
         if isinstance(attention_mask, dict):  # per layer type, already made by our mask function
             return [attention_mask[t] for t in self.layer_types]
-        if attention_mask is not None:
-            attention_mask = mask_for_tileops(0, 0, 0, attention_mask=attention_mask)
-        return [attention_mask] * len(self.layers)
+        return [padding_mask(attention_mask, q_len)] * len(self.layers)
 
 
 def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers: set[int]) -> FusedModel | None:
