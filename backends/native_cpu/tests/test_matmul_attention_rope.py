@@ -243,6 +243,23 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("k", [17, 1030, 2819])
+def test_batched_decode_gemm_is_exact_on_small_integers(threads, m, k):
+    # up to four activation rows stream each weight row once against all of them: an
+    # element from the wrong row, a lost K tail or a swapped output row shows as a difference
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a = torch.randint(-3, 4, (m, k)).to(torch.bfloat16)
+        w = torch.randint(-3, 4, (301, k)).to(torch.bfloat16)
+        out = run(b.build_gemm, a, w, trans_a=False, trans_b=True)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(out.double(), (a.double() @ w.double().T).to(torch.bfloat16).double())
+
+
 # A RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
 # builders share nothing but the rotation and the scaling's frequencies (ROPE_SCALINGS).
 @pytest.mark.parametrize("op, params", [
