@@ -281,10 +281,18 @@ def test_the_base_model_called_alone_positionally_and_as_a_tuple_runs_the_fused_
     model = _model("qwen3")
     hf.enable(model, target=TARGET)
     ids, _ = _prompt(False)
-    with torch.no_grad():
-        want = model.model(input_ids=ids).last_hidden_state
-        got = model.model(ids, return_dict=False)[0]
-        embeds = model.model(inputs_embeds=model.model.embed_tokens(ids)).last_hidden_state
+    calls = []
+    fused = model.model._tileops.fused
+    original = type(fused).forward
+    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    try:
+        with torch.no_grad():
+            want = model.model(input_ids=ids).last_hidden_state
+            got = model.model(ids, return_dict=False)[0]
+            embeds = model.model(inputs_embeds=model.model.embed_tokens(ids)).last_hidden_state
+    finally:
+        type(fused).forward = original
+    assert len(calls) == 3
     assert torch.equal(got, want) and torch.equal(embeds, want)
     with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
         model.model()
