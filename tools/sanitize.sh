@@ -77,8 +77,9 @@ asan_venvs=$(mktemp -d "${TMPDIR:-/tmp}/tileops-asan.XXXXXX")
 trap 'rm -rf "$asan_venvs"' EXIT
 asan_venv=$asan_venvs/asan
 
-# Both at -O1, ASan's usual level: the kernels' -O3 template code took most of the job's
-# build time on 2 cores (the AVX-512 file alone: 141 s at -O2, 66 s at -O1, with ASan).
+# At -O1, ASan's usual level (tileops._C's module keeps the -Os nanobind gives it): the
+# native kernels' -O3 template code took most of the job's build time on 2 cores (the
+# AVX-512 file alone: 141 s at -O2, 66 s at -O1, with ASan).
 asan_opt="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG"
 
 asan_venv_make() {
