@@ -10,6 +10,7 @@ ones are CUDA): it runs where tileops and tileops-native-cpu are installed.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 
@@ -240,6 +241,18 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+@contextlib.contextmanager
+def _fused_calls(model):
+    """Counts the calls of the model's fused forward (_fused_model.py) while active."""
+    calls, fused = [], model.model._tileops.fused
+    original = type(fused).forward
+    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    try:
+        yield calls
+    finally:
+        type(fused).forward = original
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_fused_model_forward_gives_the_bits_of_transformers_forward_over_the_patched_modules(arch):
     """Where every layer is fused, a forward runs as one loop (_fused_model.py); a hook on
@@ -249,18 +262,12 @@ def test_the_fused_model_forward_gives_the_bits_of_transformers_forward_over_the
     report = hf.enable(model, target=TARGET)
     assert report.count("model forward") == 1
     ids, mask = _prompt(True)
-    calls = []
-    fused = model.model._tileops.fused
-    original = type(fused).forward
-    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
-    try:
+    with _fused_calls(model) as calls:
         looped = _teacher_forced(model, ids, mask, steps=4)
         assert len(calls) == 5
         hook = model.model.layers[-1].mlp.register_forward_hook(lambda *a: None)
         through_transformers = _teacher_forced(model, ids, mask, tokens=looped[2], steps=4)
         hook.remove()
-    finally:
-        type(fused).forward = original
     assert len(calls) == 5  # none with the hook
     assert torch.equal(looped[0], through_transformers[0]) and torch.equal(looped[1], through_transformers[1])
 
@@ -281,17 +288,10 @@ def test_the_base_model_called_alone_positionally_and_as_a_tuple_runs_the_fused_
     model = _model("qwen3")
     hf.enable(model, target=TARGET)
     ids, _ = _prompt(False)
-    calls = []
-    fused = model.model._tileops.fused
-    original = type(fused).forward
-    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
-    try:
-        with torch.no_grad():
-            want = model.model(input_ids=ids).last_hidden_state
-            got = model.model(ids, return_dict=False)[0]
-            embeds = model.model(inputs_embeds=model.model.embed_tokens(ids)).last_hidden_state
-    finally:
-        type(fused).forward = original
+    with _fused_calls(model) as calls, torch.no_grad():
+        want = model.model(input_ids=ids).last_hidden_state
+        got = model.model(ids, return_dict=False)[0]
+        embeds = model.model(inputs_embeds=model.model.embed_tokens(ids)).last_hidden_state
     assert len(calls) == 3
     assert torch.equal(got, want) and torch.equal(embeds, want)
     with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
