@@ -115,7 +115,8 @@ def norm_weight(norm: nn.Module) -> torch.Tensor:
 
 
 def norm_eps(norm: nn.Module) -> float:
-    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    """An RMSNorm module's epsilon (transformers names it variance_epsilon or eps)."""
+    return float(norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps)
 
 
 def _layout(module: nn.Module, served: dict[int, str]) -> str | None:

@@ -328,10 +328,9 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
             if cls not in _RMSNORMS:
                 plan.refuse(name, f"{cls}", "an RMSNorm class whose weight convention tileops does not know")
                 continue
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
             weight = (1.0 + module.weight.float()).to(module.weight.dtype) if _RMSNORMS[cls] else None
             plan.add("rmsnorm", name, module, _forwards.rmsnorm_forward, weight=weight,
-                     norm=ops.RMSNormFwdOp((module.weight.shape[0],), float(eps), target=target))
+                     norm=ops.RMSNormFwdOp((module.weight.shape[0],), _fusion.norm_eps(module), target=target))
         elif cls.endswith("MLP") and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
             if act_name not in _GATED_ACTS:
                 plan.refuse(name, "gated MLP", f"config hidden_act={act_name!r} (served: {', '.join(_GATED_ACTS)})")
