@@ -9,7 +9,6 @@ namespace tnc::isa_avx512 {
 #include "simd_avx512.h"
 #include "kernels/families.h"
 #include "kernels/attention_avx512_bf16.h"
-#include "kernels/elementwise_avx512_bf16.h"
 #include "kernels/gemm_avx512_bf16.h"
 #include "kernels/gemm_avx512_bf16_nt.h"
 #include "kernels/moe_avx512_bf16.h"
@@ -19,7 +18,6 @@ namespace tnc::isa_avx512 {
 void tnc::register_kernels_avx512(KernelTable& table) {
   isa_avx512::register_families(table);
   isa_avx512::register_attention_avx512_bf16(table);
-  isa_avx512::register_elementwise_avx512_bf16(table);
   isa_avx512::register_gemm_avx512_bf16(table);
   isa_avx512::register_moe_avx512_bf16(table);
   isa_avx512::register_probe_avx512_bf16(table);

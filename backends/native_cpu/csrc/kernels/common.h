@@ -28,12 +28,40 @@ inline void storec(T* p, F v, int64_t count) {
   }
 }
 
+// 2W elements as two vectors. Where the ISA has a faster form (AVX-512 bfloat16: even
+// elements in a, odd ones in b) the lanes are permuted, the same way for every pair of the
+// same type, and store_pair undoes it; elsewhere a holds p[0, W) and b p[W, 2W). So a loop
+// over pairs in which every operand comes from load_pair at the same index and the result
+// goes out through store_pair, or one that reduces its lanes, never sees the order.
+// (SS: S, as a template parameter so that an ISA without the members still compiles.)
+template <class T, class SS = S>
+constexpr bool kPairsPermute = requires(const T* p, F& a) { SS::load_pair(p, a, a); };
+template <class T, class SS = S>
+inline void load_pair(const T* p, F& a, F& b) {
+  if constexpr (kPairsPermute<T>) {
+    SS::load_pair(p, a, b);
+  } else {
+    a = S::load(p);
+    b = S::load(p + W);
+  }
+}
+template <class T, class SS = S>
+inline void store_pair(T* p, F a, F b) {
+  if constexpr (kPairsPermute<T>) {
+    SS::store_pair(p, a, b);
+  } else {
+    S::store(p, a);
+    S::store(p + W, b);
+  }
+}
+
 // Results far larger than the caches go out with streaming stores: no read for ownership
 // of lines that are overwritten whole (a third of the traffic of an ordinary store), and
 // the next op would not find them in cache anyway. kStreamBytes: a quarter of the L3; every
 // kernel that streams decides by it. Every full-vector store of such a result must be
-// aligned for S::stream, so streams() also asks that the result's rows (of n elements) be
-// (unary and gated kernels peel each range to alignment instead). A chunk that streamed
+// aligned for S::stream, so streams() also asks that the result be 64-byte aligned and its
+// rows (of n elements) whole pairs (unary and gated kernels peel each range to alignment
+// instead). A chunk that streamed
 // ends with S::stream_fence().
 inline constexpr int64_t kStreamBytes = int64_t{8} << 20;
 template <class T>
@@ -42,7 +70,7 @@ inline bool large_enough_to_stream(int64_t elements) {
 }
 template <class T>
 inline bool streams(const void* y, int64_t elements, int64_t n) {
-  return large_enough_to_stream<T>(elements) && n % W == 0 && reinterpret_cast<uintptr_t>(y) % (W * sizeof(T)) == 0;
+  return large_enough_to_stream<T>(elements) && n % (2 * W) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0;
 }
 template <bool Stream, class T>
 inline void store_full(T* p, F v) {
@@ -51,6 +79,24 @@ inline void store_full(T* p, F v) {
   } else {
     S::store(p, v);
   }
+}
+// store_pair, or its streaming form (p 64-byte aligned, as streams() ensures for rows)
+template <bool Stream, class T, class SS = S>
+inline void store_pair_full(T* p, F a, F b) {
+  if constexpr (!Stream) {
+    store_pair(p, a, b);
+  } else if constexpr (kPairsPermute<T>) {
+    SS::stream_pair(p, a, b);
+  } else {
+    S::stream(p, a);
+    S::stream(p + W, b);
+  }
+}
+// Elements from p to the next 64-byte boundary, where store_pair_full's streams may start
+// (kernels that stream arbitrary ranges peel these off first).
+template <class T>
+inline int64_t to_stream_alignment(const T* p) {
+  return static_cast<int64_t>(((64 - reinterpret_cast<uintptr_t>(p) % 64) % 64) / sizeof(T));
 }
 // fn(std::true_type{}) when stream, else fn(std::false_type{}): the kernels' loops are
 // compiled once for each kind of store.
@@ -63,6 +109,28 @@ inline void with_stream(bool stream, Fn&& fn) {
   }
 }
 
+// A kernel that makes several passes over a row (a reduction, then the result) waits on
+// memory in its first pass and leaves memory idle in the later ones, which run from L1.
+// Prefetching the next row during a later pass overlaps the two: call
+// prefetch_next<Elements>(next, i) at each step of that pass over elements [i, i + Elements)
+// (one prefetch per cache line; i a multiple of Elements). next: the next row of the same
+// chunk, nullptr after the chunk's last row.
+template <int Elements, class T>
+inline void prefetch_next(const T* next, int64_t i) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  if (next == nullptr) return;
+  if constexpr (Elements >= kLine) {
+    for (int64_t j = 0; j < Elements; j += kLine) __builtin_prefetch(next + i + j, 0, 3);
+  } else if (i % kLine == 0) {
+    __builtin_prefetch(next + i, 0, 3);
+  }
+}
+// The row after r within [r0, r1) of rows of n elements at base, or nullptr.
+template <class T>
+inline const T* next_row(const void* base, int64_t r, int64_t r1, int64_t n) {
+  return r + 1 < r1 ? static_cast<const T*>(base) + (r + 1) * n : nullptr;
+}
+
 // Rows per task so that one task touches at least ~16K elements.
 inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
@@ -71,7 +139,9 @@ inline float sum_squares(const T* x, int64_t n) {
   F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    const F v0 = S::load(x + i), v1 = S::load(x + i + W), v2 = S::load(x + i + 2 * W), v3 = S::load(x + i + 3 * W);
+    F v0, v1, v2, v3;
+    load_pair(x + i, v0, v1);
+    load_pair(x + i + 2 * W, v2, v3);
     a0 = S::fma(v0, v0, a0);
     a1 = S::fma(v1, v1, a1);
     a2 = S::fma(v2, v2, a2);
@@ -89,10 +159,13 @@ inline float sum_run(const T* x, int64_t n) {
   F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = S::add(a0, S::load(x + i));
-    a1 = S::add(a1, S::load(x + i + W));
-    a2 = S::add(a2, S::load(x + i + 2 * W));
-    a3 = S::add(a3, S::load(x + i + 3 * W));
+    F v0, v1, v2, v3;
+    load_pair(x + i, v0, v1);
+    load_pair(x + i + 2 * W, v2, v3);
+    a0 = S::add(a0, v0);
+    a1 = S::add(a1, v1);
+    a2 = S::add(a2, v2);
+    a3 = S::add(a3, v3);
   }
   for (; i < n; i += W) a0 = S::add(a0, loadc(x + i, n - i));
   return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
@@ -107,10 +180,13 @@ inline float max_run(const T* x, int64_t n) {
   F a0 = S::set1(lowest), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = S::max_nan(a0, S::load(x + i));
-    a1 = S::max_nan(a1, S::load(x + i + W));
-    a2 = S::max_nan(a2, S::load(x + i + 2 * W));
-    a3 = S::max_nan(a3, S::load(x + i + 3 * W));
+    F v0, v1, v2, v3;
+    load_pair(x + i, v0, v1);
+    load_pair(x + i + 2 * W, v2, v3);
+    a0 = S::max_nan(a0, v0);
+    a1 = S::max_nan(a1, v1);
+    a2 = S::max_nan(a2, v2);
+    a3 = S::max_nan(a3, v3);
   }
   for (; i < n; i += W) a0 = S::max_nan(a0, loadc(x + i, n - i, lowest));
   alignas(64) float lanes[4 * W];

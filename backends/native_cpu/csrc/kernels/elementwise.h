@@ -103,17 +103,20 @@ inline F unary_apply(F v) {
 // ---------------------------------------------------------------------------------------
 // unary and gated
 
-// Stream: the result is written with streaming stores (S::stream needs W * sizeof(T)
-// alignment, so the range is peeled to it first), for results far larger than the caches.
+// Stream: the result is written with streaming stores (the range is peeled to their
+// alignment first), for results far larger than the caches.
 template <class T, class Act, bool Stream = false>
 void unary_range(const T* x, T* y, int64_t n) {
   int64_t i = 0;
   if constexpr (Stream) {
-    constexpr uintptr_t kAlign = W * sizeof(T);
-    const int64_t pe = std::min<int64_t>(n, static_cast<int64_t>(((kAlign - (reinterpret_cast<uintptr_t>(y) % kAlign)) % kAlign) / sizeof(T)));
+    const int64_t pe = std::min<int64_t>(n, to_stream_alignment(y));
     for (; i < pe; i += W) storec(y + i, unary_apply<T, Act>(loadc(x + i, pe - i)), std::min<int64_t>(W, pe - i));
     i = pe;
-    for (; i + W <= n; i += W) S::stream(y + i, unary_apply<T, Act>(S::load(x + i)));
+  }
+  for (; i + 2 * W <= n; i += 2 * W) {
+    F a, b;
+    load_pair(x + i, a, b);
+    store_pair_full<Stream>(y + i, unary_apply<T, Act>(a), unary_apply<T, Act>(b));
   }
   for (; i < n; i += W) {
     const int64_t c = n - i;
@@ -136,38 +139,42 @@ void unary(const tnc::UnaryArgs& a, int threads) {
   });
 }
 
-// The columns [begin, end) of a gated row that an ISA extension computes itself before the
-// generic loop takes the rest (it returns where it stopped), and what it does at the end
-// of each parallel chunk. Here: none (kernels/elementwise_avx512_bf16.h has bfloat16 rows).
-struct GenericGatedRows {
-  template <class Act, class T>
-  static int64_t run(const T*, const T*, T*, int64_t begin, int64_t, bool) { return begin; }
-  static void finish_chunk(bool) {}
-};
-
-template <class T, class Act, class Rows = GenericGatedRows>
+template <class T, class Act>
 void gated(const tnc::GatedArgs& a, int threads) {
   const int64_t n = a.n;
   // split columns too, so that one long row still uses every thread
-  const int64_t col_block = std::max<int64_t>(W, ((n + 3) / 4 + W - 1) / W * W);
+  const int64_t col_block = std::max<int64_t>(2 * W, ((n + 3) / 4 + 2 * W - 1) / (2 * W) * (2 * W));
   const int64_t blocks = (n + col_block - 1) / col_block;
-  // A result much larger than the caches may be written with streaming stores by Rows (no
-  // read for ownership of lines that are overwritten whole); a small one stays in cache for
-  // the next op.
-  const bool stream = large_enough_to_stream<T>(a.rows * n);
-  tnc::parallel_for(a.rows * blocks, std::max<int64_t>(1, 8192 / col_block), threads, [&](int64_t i0, int64_t i1) {
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t r = item / blocks, c0 = (item % blocks) * col_block, c1 = std::min(n, c0 + col_block);
-      const T* gate = static_cast<const T*>(a.x) + r * 2 * n;
-      const T* val = gate + n;
-      T* y = static_cast<T*>(a.out) + r * n;
-      int64_t i = Rows::template run<Act>(gate, val, y, c0, c1, stream);
-      for (; i < c1; i += W) {
-        const int64_t c = c1 - i;
-        storec(y + i, S::mul(unary_apply<T, Act>(loadc(gate + i, c)), loadc(val + i, c)), c);
+  // A result much larger than the caches goes out with streaming stores (no read for
+  // ownership of lines that are overwritten whole); a small one stays in cache for the
+  // next op.
+  with_stream(large_enough_to_stream<T>(a.rows * n), [&](auto stream) {
+    constexpr bool St = decltype(stream)::value;
+    tnc::parallel_for(a.rows * blocks, std::max<int64_t>(1, 8192 / col_block), threads, [&](int64_t i0, int64_t i1) {
+      for (int64_t item = i0; item < i1; ++item) {
+        const int64_t r = item / blocks, c0 = (item % blocks) * col_block, c1 = std::min(n, c0 + col_block);
+        const T* gate = static_cast<const T*>(a.x) + r * 2 * n;
+        const T* val = gate + n;
+        T* y = static_cast<T*>(a.out) + r * n;
+        const auto one = [&](int64_t i, int64_t c) {
+          storec(y + i, S::mul(unary_apply<T, Act>(loadc(gate + i, c)), loadc(val + i, c)), c);
+        };
+        int64_t i = c0;
+        if constexpr (St) {
+          const int64_t e = std::min(c1, c0 + to_stream_alignment(y + c0));
+          for (; i < e; i += W) one(i, std::min<int64_t>(W, e - i));
+          i = e;
+        }
+        for (; i + 2 * W <= c1; i += 2 * W) {
+          F ga, gb, va, vb;
+          load_pair(gate + i, ga, gb);
+          load_pair(val + i, va, vb);
+          store_pair_full<St>(y + i, S::mul(unary_apply<T, Act>(ga), va), S::mul(unary_apply<T, Act>(gb), vb));
+        }
+        for (; i < c1; i += W) one(i, c1 - i);
       }
-    }
-    Rows::finish_chunk(stream);
+      if constexpr (St) S::stream_fence();
+    });
   });
 }
 

@@ -14,10 +14,17 @@ void rms_norm(const tnc::NormArgs& a, int threads) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * n;
         T* y = static_cast<T*>(a.out) + r * n;
+        const T* next = next_row<T>(a.x, r, r1, n);
         const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
         int64_t i = 0;
-        for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(x + i), scale), S::load(w + i)));
-        if (i < n) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+        for (; i + 2 * W <= n; i += 2 * W) {
+          prefetch_next<2 * W>(next, i);
+          F a, b, wa, wb;
+          load_pair(x + i, a, b);
+          load_pair(w + i, wa, wb);
+          store_pair_full<St>(y + i, S::mul(S::mul(a, scale), wa), S::mul(S::mul(b, scale), wb));
+        }
+        for (; i < n; i += W) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
       }
       if constexpr (St) S::stream_fence();
     });
@@ -35,19 +42,20 @@ template <bool St, class T>
 inline RowSums fused_add_row(const T* x, const T* res, T* s, T* rout, int64_t n) {
   F sum = S::zero(), sq0 = S::zero(), sq1 = S::zero();
   int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const F v = S::add(S::load(x + i), S::load(res + i));
-    S::store(s + i, v);
-    if constexpr (St) S::stream(rout + i, v);
-    const F rounded = S::load(s + i);
-    sum = S::add(sum, rounded);
-    if ((i / W) % 2 == 0) {
-      sq0 = S::fma(rounded, rounded, sq0);
-    } else {
-      sq1 = S::fma(rounded, rounded, sq1);
-    }
+  for (; i + 2 * W <= n; i += 2 * W) {
+    F xa, xb, ra, rb;
+    load_pair(x + i, xa, xb);
+    load_pair(res + i, ra, rb);
+    const F va = S::add(xa, ra), vb = S::add(xb, rb);
+    store_pair(s + i, va, vb);
+    if constexpr (St) store_pair_full<true>(rout + i, va, vb);
+    F rounded_a, rounded_b;
+    load_pair(s + i, rounded_a, rounded_b);
+    sum = S::add(sum, S::add(rounded_a, rounded_b));
+    sq0 = S::fma(rounded_a, rounded_a, sq0);
+    sq1 = S::fma(rounded_b, rounded_b, sq1);
   }
-  if (i < n) {  // never when streaming (n is a multiple of W then)
+  for (; i < n; i += W) {  // never when streaming (n is whole pairs then)
     storec(s + i, S::add(loadc(x + i, n - i), loadc(res + i, n - i)), n - i);
     const F rounded = loadc(s + i, n - i);
     sum = S::add(sum, rounded);
@@ -56,8 +64,9 @@ inline RowSums fused_add_row(const T* x, const T* res, T* s, T* rout, int64_t n)
   return {S::reduce_add(sum), S::reduce_add(S::add(sq0, sq1))};
 }
 
-// Runs row(x, res, s, rout, y, n) for every row of a fused kernel, streaming both results
-// when they are large (see streams()); s is where the row's rounded sum is.
+// Runs row(x, res, s, rout, y, next_x, next_res) for every row of a fused kernel, streaming
+// both results when they are large (see streams()); s is where the row's rounded sum is,
+// next_x and next_res the next row's inputs to prefetch during the second pass (or nullptr).
 template <class T, class Row>
 void fused_add_rows(const tnc::NormArgs& a, int threads, Row row) {
   const int64_t n = a.n;
@@ -68,7 +77,8 @@ void fused_add_rows(const tnc::NormArgs& a, int threads, Row row) {
       for (int64_t r = r0; r < r1; ++r) {
         T* rout = static_cast<T*>(a.residual_out) + r * n;
         row(std::bool_constant<St>{}, static_cast<const T*>(a.x) + r * n, static_cast<const T*>(a.residual) + r * n,
-            St ? cached : rout, rout, static_cast<T*>(a.out) + r * n);
+            St ? cached : rout, rout, static_cast<T*>(a.out) + r * n, next_row<T>(a.x, r, r1, n),
+            next_row<T>(a.residual, r, r1, n));
       }
       if constexpr (St) S::stream_fence();
     });
@@ -79,13 +89,20 @@ template <class T>
 void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
   const T* w = static_cast<const T*>(a.weight);
-  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y) {
+  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
     constexpr bool St = decltype(stream)::value;
     const float sq = fused_add_row<St>(x, res, s, rout, n).squares;
     const F scale = S::set1(1.f / std::sqrt(sq / static_cast<float>(n) + a.eps));
     int64_t i = 0;
-    for (; i + W <= n; i += W) store_full<St>(y + i, S::mul(S::mul(S::load(s + i), scale), S::load(w + i)));
-    if (i < n) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    for (; i + 2 * W <= n; i += 2 * W) {
+      prefetch_next<2 * W>(nx, i);
+      prefetch_next<2 * W>(nres, i);
+      F a, b, wa, wb;
+      load_pair(s + i, a, b);
+      load_pair(w + i, wa, wb);
+      store_pair_full<St>(y + i, S::mul(S::mul(a, scale), wa), S::mul(S::mul(b, scale), wb));
+    }
+    for (; i < n; i += W) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
   });
 }
 
@@ -95,7 +112,9 @@ inline float centred_sum_squares(const T* x, int64_t n, float mean) {
   F a0 = S::zero(), a1 = S::zero();
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    const F d0 = S::sub(S::load(x + i), m), d1 = S::sub(S::load(x + i + W), m);
+    F v0, v1;
+    load_pair(x + i, v0, v1);
+    const F d0 = S::sub(v0, m), d1 = S::sub(v1, m);
     a0 = S::fma(d0, d0, a0);
     a1 = S::fma(d1, d1, a1);
   }
@@ -108,14 +127,24 @@ inline float centred_sum_squares(const T* x, int64_t n, float mean) {
 
 // y = (x - mean) / sqrt(var + eps) * w + b over one row whose mean is known, the variance
 // from a second pass over the centred row (float32).
+// next, next2: rows prefetched during the result's pass (see prefetch_next), or nullptr.
 template <bool St, class T>
-inline void layer_norm_row(const T* x, const T* w, const T* b, T* y, int64_t n, float mean, float eps) {
+inline void layer_norm_row(const T* x, const T* w, const T* b, T* y, int64_t n, float mean, float eps, const T* next,
+                           const T* next2 = nullptr) {
   const float var = centred_sum_squares(x, n, mean) / static_cast<float>(n);
   const F rstd = S::set1(1.f / std::sqrt(var + eps));
   const F m = S::set1(mean);
   int64_t i = 0;
-  for (; i + W <= n; i += W) store_full<St>(y + i, S::fma(S::mul(S::sub(S::load(x + i), m), rstd), S::load(w + i), S::load(b + i)));
-  if (i < n) {
+  for (; i + 2 * W <= n; i += 2 * W) {
+    prefetch_next<2 * W>(next, i);
+    prefetch_next<2 * W>(next2, i);
+    F xa, xb, wa, wb, ba, bb;
+    load_pair(x + i, xa, xb);
+    load_pair(w + i, wa, wb);
+    load_pair(b + i, ba, bb);
+    store_pair_full<St>(y + i, S::fma(S::mul(S::sub(xa, m), rstd), wa, ba), S::fma(S::mul(S::sub(xb, m), rstd), wb, bb));
+  }
+  for (; i < n; i += W) {
     const int64_t c = n - i;
     storec(y + i, S::fma(S::mul(S::sub(loadc(x + i, c), m), rstd), loadc(w + i, c), loadc(b + i, c)), c);
   }
@@ -130,7 +159,7 @@ void layer_norm(const tnc::NormArgs& a, int threads) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * n;
         layer_norm_row<St>(x, static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out) + r * n, n,
-                           sum_run(x, n) / static_cast<float>(n), a.eps);
+                           sum_run(x, n) / static_cast<float>(n), a.eps, next_row<T>(a.x, r, r1, n));
       }
       if constexpr (St) S::stream_fence();
     });
@@ -141,10 +170,10 @@ template <class T>
 void fused_add_layer_norm(const tnc::NormArgs& a, int threads) {
   const T* w = static_cast<const T*>(a.weight);
   const T* b = static_cast<const T*>(a.bias);
-  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y) {
+  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
     constexpr bool St = decltype(stream)::value;
     const float mean = fused_add_row<St>(x, res, s, rout, a.n).sum / static_cast<float>(a.n);
-    layer_norm_row<St>(s, w, b, y, a.n, mean, a.eps);
+    layer_norm_row<St>(s, w, b, y, a.n, mean, a.eps, nx, nres);
   });
 }
 

@@ -10,16 +10,28 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* x = static_cast<const T*>(a.x) + r * n;
     T* y = static_cast<T*>(a.out) + r * n;
+    const T* next = next_row<T>(a.x, r, r1, n);  // read during the exp pass
     const float mx = max_run(x, n);
     const F m = S::set1(mx);
     if (a.log) {
       const float lowest = -std::numeric_limits<float>::infinity();
-      F acc = S::zero();
-      for (int64_t i = 0; i < n; i += W) acc = S::add(acc, vexp<kHalfT<T>>(S::sub(loadc(x + i, n - i, lowest), m)));
-      const F lse = S::set1(mx + std::log(S::reduce_add(acc)));
+      F acc0 = S::zero(), acc1 = S::zero();
       int64_t i = 0;
-      for (; i + W <= n; i += W) store_full<Stream>(y + i, S::sub(S::load(x + i), lse));
-      if (i < n) storec(y + i, S::sub(loadc(x + i, n - i), lse), n - i);
+      for (; i + 2 * W <= n; i += 2 * W) {
+        prefetch_next<2 * W>(next, i);
+        F a, b;
+        load_pair(x + i, a, b);
+        acc0 = S::add(acc0, vexp<kHalfT<T>>(S::sub(a, m)));
+        acc1 = S::add(acc1, vexp<kHalfT<T>>(S::sub(b, m)));
+      }
+      for (; i < n; i += W) acc0 = S::add(acc0, vexp<kHalfT<T>>(S::sub(loadc(x + i, n - i, lowest), m)));
+      const F lse = S::set1(mx + std::log(S::reduce_add(S::add(acc0, acc1))));
+      for (i = 0; i + 2 * W <= n; i += 2 * W) {
+        F a, b;
+        load_pair(x + i, a, b);
+        store_pair_full<Stream>(y + i, S::sub(a, lse), S::sub(b, lse));
+      }
+      for (; i < n; i += W) storec(y + i, S::sub(loadc(x + i, n - i), lse), n - i);
       continue;
     }
     // float results hold the exponentials in place, unless they stream (then they would be
@@ -27,8 +39,12 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
     float* e_buf = std::is_same_v<T, float> && !Stream ? reinterpret_cast<float*>(y) : scratch(static_cast<size_t>(n));
     F acc0 = S::zero(), acc1 = S::zero();
     int64_t i = 0;
+    // pairs of vectors keep load_pair's lane order in e_buf, which store_pair undoes
     for (; i + 2 * W <= n; i += 2 * W) {
-      const F e0 = vexp<kHalfT<T>>(S::sub(S::load(x + i), m)), e1 = vexp<kHalfT<T>>(S::sub(S::load(x + i + W), m));
+      prefetch_next<2 * W>(next, i);
+      F a, b;
+      load_pair(x + i, a, b);
+      const F e0 = vexp<kHalfT<T>>(S::sub(a, m)), e1 = vexp<kHalfT<T>>(S::sub(b, m));
       S::store(e_buf + i, e0);
       S::store(e_buf + i + W, e1);
       acc0 = S::add(acc0, e0);
@@ -41,8 +57,9 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
       acc0 = S::add(acc0, e);
     }
     const F inv = S::set1(1.f / S::reduce_add(S::add(acc0, acc1)));
-    for (i = 0; i + W <= n; i += W) store_full<Stream>(y + i, S::mul(S::load(e_buf + i), inv));
-    if (i < n) storec(y + i, S::mul(loadc(e_buf + i, n - i), inv), n - i);
+    for (i = 0; i + 2 * W <= n; i += 2 * W)
+      store_pair_full<Stream>(y + i, S::mul(S::load(e_buf + i), inv), S::mul(S::load(e_buf + i + W), inv));
+    for (; i < n; i += W) storec(y + i, S::mul(loadc(e_buf + i, n - i), inv), n - i);
   }
 }
 
