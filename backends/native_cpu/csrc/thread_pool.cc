@@ -253,7 +253,8 @@ std::atomic<int> g_use_openmp{[] {
 // A team thread that is not running when a region starts (another process holds its core)
 // makes the region wait at OpenMP's closing barrier for that thread's next time slice: on
 // 2 cores shared with two busy processes, a 0.07 ms GEMV took 12 ms, every call. So after
-// a region whose team thread started, or finished, over 1 ms late, the regions run on the
+// a region whose team thread started, or finished, over 1 ms late, and which took over 1 ms
+// longer than the caller alone would have, the regions run on the
 // calling thread alone for 50 ms (doubling up to 1 s while the regions that try the team
 // again stall too; back to 50 ms after one that did not): a busy machine gives us one core
 // anyway, and the caller alone never waits for anyone. Not our own pool: its helper would
@@ -325,8 +326,13 @@ bool try_run_openmp(int64_t n, int64_t chunk, int chunks, int team, TaskFn fn, v
   }
   OmpRegion region{fn, ctx, n, chunk, chunks, api, posted};
   api->parallel(omp_body, &region, static_cast<unsigned>(team), 0);  // returns after the team's barrier
-  const int64_t waited = now_ns() - region.caller_done_ns;  // for the others' last chunks
-  if (region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns)) {
+  const int64_t done = now_ns();
+  const int64_t waited = done - region.caller_done_ns;  // for the others' last chunks
+  const bool late = region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns);
+  // ...and only a stall if the region took over 1 ms longer than all its chunks at the
+  // caller's pace would have: a team thread that came late to a long region still did
+  // its share (backing off then only halved the next 50 ms of large regions).
+  if (late && done - posted > static_cast<int64_t>(chunks) * region.caller_chunk_ns + kStallNs) {
     const int64_t backoff = g_backoff_ns.load(std::memory_order_relaxed);
     g_alone_until.store(now_ns() + backoff, std::memory_order_relaxed);
     g_backoff_ns.store(std::min(2 * backoff, kBackoffMaxNs), std::memory_order_relaxed);
