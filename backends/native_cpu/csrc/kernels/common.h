@@ -134,41 +134,37 @@ inline const T* next_row(const void* base, int64_t r, int64_t r1, int64_t n) {
 // Rows per task so that one task touches at least ~16K elements.
 inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
-template <class T>
-inline float sum_squares(const T* x, int64_t n) {
-  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
+// One vector that folds the row x[0, n): acc = step(acc, v) over four accumulators
+// (starting at init; padding lanes of the tail hold fill), then combine(...) of the four.
+template <class T, class Step, class Combine>
+inline F fold_run(const T* x, int64_t n, F init, float fill, Step step, Combine combine) {
+  F a0 = init, a1 = init, a2 = init, a3 = init;
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
     F v0, v1, v2, v3;
     load_pair(x + i, v0, v1);
     load_pair(x + i + 2 * W, v2, v3);
-    a0 = S::fma(v0, v0, a0);
-    a1 = S::fma(v1, v1, a1);
-    a2 = S::fma(v2, v2, a2);
-    a3 = S::fma(v3, v3, a3);
+    a0 = step(a0, v0);
+    a1 = step(a1, v1);
+    a2 = step(a2, v2);
+    a3 = step(a3, v3);
   }
-  for (; i < n; i += W) {
-    const F v = loadc(x + i, n - i);
-    a0 = S::fma(v, v, a0);
-  }
-  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+  for (; i < n; i += W) a0 = step(a0, loadc(x + i, n - i, fill));
+  return combine(combine(a0, a1), combine(a2, a3));
+}
+
+// the folds as lambdas, so that fold_run inlines them
+inline constexpr auto kAdd = [](F a, F b) { return S::add(a, b); };
+inline constexpr auto kMaxNan = [](F a, F b) { return S::max_nan(a, b); };
+
+template <class T>
+inline float sum_squares(const T* x, int64_t n) {
+  return S::reduce_add(fold_run(x, n, S::zero(), 0.f, [](F acc, F v) { return S::fma(v, v, acc); }, kAdd));
 }
 
 template <class T>
 inline float sum_run(const T* x, int64_t n) {
-  F a0 = S::zero(), a1 = S::zero(), a2 = S::zero(), a3 = S::zero();
-  int64_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    F v0, v1, v2, v3;
-    load_pair(x + i, v0, v1);
-    load_pair(x + i + 2 * W, v2, v3);
-    a0 = S::add(a0, v0);
-    a1 = S::add(a1, v1);
-    a2 = S::add(a2, v2);
-    a3 = S::add(a3, v3);
-  }
-  for (; i < n; i += W) a0 = S::add(a0, loadc(x + i, n - i));
-  return S::reduce_add(S::add(S::add(a0, a1), S::add(a2, a3)));
+  return S::reduce_add(fold_run(x, n, S::zero(), 0.f, kAdd, kAdd));
 }
 
 // NaN-propagating scalar max (torch.amax and softmax: any NaN makes the result NaN)
@@ -177,26 +173,12 @@ inline float max_nan(float a, float b) { return (a != a || b != b) ? a + b : std
 template <class T>
 inline float max_run(const T* x, int64_t n) {
   const float lowest = -std::numeric_limits<float>::infinity();
-  F a0 = S::set1(lowest), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    F v0, v1, v2, v3;
-    load_pair(x + i, v0, v1);
-    load_pair(x + i + 2 * W, v2, v3);
-    a0 = S::max_nan(a0, v0);
-    a1 = S::max_nan(a1, v1);
-    a2 = S::max_nan(a2, v2);
-    a3 = S::max_nan(a3, v3);
-  }
-  for (; i < n; i += W) a0 = S::max_nan(a0, loadc(x + i, n - i, lowest));
-  alignas(64) float lanes[4 * W];
-  S::store(lanes, a0);
-  S::store(lanes + W, a1);
-  S::store(lanes + 2 * W, a2);
-  S::store(lanes + 3 * W, a3);
-  float m = lowest;
-  for (int l = 0; l < 4 * W; ++l) m = max_nan(m, lanes[l]);
-  return m;
+  const F m = fold_run(x, n, S::set1(lowest), lowest, kMaxNan, kMaxNan);
+  alignas(64) float lanes[W];
+  S::store(lanes, m);
+  float r = lowest;
+  for (int l = 0; l < W; ++l) r = max_nan(r, lanes[l]);
+  return r;
 }
 
 // float16/bfloat16 results tolerate the fast exp

@@ -4,6 +4,24 @@
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
 
+// y = x / sqrt(squares / n + eps) * w over one row whose sum of squares is known; next,
+// next2: rows prefetched meanwhile (see prefetch_next), or nullptr.
+template <bool St, class T>
+inline void rms_norm_row(const T* x, const T* w, T* y, int64_t n, float squares, float eps, const T* next,
+                         const T* next2 = nullptr) {
+  const F scale = S::set1(1.f / std::sqrt(squares / static_cast<float>(n) + eps));
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    prefetch_next<2 * W>(next, i);
+    prefetch_next<2 * W>(next2, i);
+    F a, b, wa, wb;
+    load_pair(x + i, a, b);
+    load_pair(w + i, wa, wb);
+    store_pair_full<St>(y + i, S::mul(S::mul(a, scale), wa), S::mul(S::mul(b, scale), wb));
+  }
+  for (; i < n; i += W) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+}
+
 template <class T>
 void rms_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
@@ -15,16 +33,7 @@ void rms_norm(const tnc::NormArgs& a, int threads) {
         const T* x = static_cast<const T*>(a.x) + r * n;
         T* y = static_cast<T*>(a.out) + r * n;
         const T* next = next_row<T>(a.x, r, r1, n);
-        const F scale = S::set1(1.f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + a.eps));
-        int64_t i = 0;
-        for (; i + 2 * W <= n; i += 2 * W) {
-          prefetch_next<2 * W>(next, i);
-          F a, b, wa, wb;
-          load_pair(x + i, a, b);
-          load_pair(w + i, wa, wb);
-          store_pair_full<St>(y + i, S::mul(S::mul(a, scale), wa), S::mul(S::mul(b, scale), wb));
-        }
-        for (; i < n; i += W) storec(y + i, S::mul(S::mul(loadc(x + i, n - i), scale), loadc(w + i, n - i)), n - i);
+        rms_norm_row<St>(x, w, y, n, sum_squares(x, n), a.eps, next);
       }
       if constexpr (St) S::stream_fence();
     });
@@ -91,18 +100,7 @@ void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
   const T* w = static_cast<const T*>(a.weight);
   fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
     constexpr bool St = decltype(stream)::value;
-    const float sq = fused_add_row<St>(x, res, s, rout, n).squares;
-    const F scale = S::set1(1.f / std::sqrt(sq / static_cast<float>(n) + a.eps));
-    int64_t i = 0;
-    for (; i + 2 * W <= n; i += 2 * W) {
-      prefetch_next<2 * W>(nx, i);
-      prefetch_next<2 * W>(nres, i);
-      F a, b, wa, wb;
-      load_pair(s + i, a, b);
-      load_pair(w + i, wa, wb);
-      store_pair_full<St>(y + i, S::mul(S::mul(a, scale), wa), S::mul(S::mul(b, scale), wb));
-    }
-    for (; i < n; i += W) storec(y + i, S::mul(S::mul(loadc(s + i, n - i), scale), loadc(w + i, n - i)), n - i);
+    rms_norm_row<St>(s, w, y, n, fused_add_row<St>(x, res, s, rout, n).squares, a.eps, nx, nres);
   });
 }
 
@@ -127,7 +125,7 @@ inline float centred_sum_squares(const T* x, int64_t n, float mean) {
 
 // y = (x - mean) / sqrt(var + eps) * w + b over one row whose mean is known, the variance
 // from a second pass over the centred row (float32).
-// next, next2: rows prefetched during the result's pass (see prefetch_next), or nullptr.
+// next, next2: as for rms_norm_row.
 template <bool St, class T>
 inline void layer_norm_row(const T* x, const T* w, const T* b, T* y, int64_t n, float mean, float eps, const T* next,
                            const T* next2 = nullptr) {
