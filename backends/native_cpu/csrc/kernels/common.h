@@ -61,8 +61,7 @@ inline void store_pair(T* p, F a, F b) {
 // kernel that streams decides by it. Every full-vector store of such a result must be
 // aligned for S::stream, so streams() also asks that the result be 64-byte aligned and its
 // rows (of n elements) whole pairs (unary and gated kernels peel each range to alignment
-// instead). A chunk that streamed
-// ends with S::stream_fence().
+// instead). A chunk that streamed ends with S::stream_fence().
 inline constexpr int64_t kStreamBytes = int64_t{8} << 20;
 template <class T>
 inline bool large_enough_to_stream(int64_t elements) {
