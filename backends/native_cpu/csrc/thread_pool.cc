@@ -334,7 +334,7 @@ bool try_run_openmp(int64_t n, int64_t chunk, int chunks, int team, TaskFn fn, v
   // its share (backing off then only halved the next 50 ms of large regions).
   if (late && done - posted > static_cast<int64_t>(chunks) * region.caller_chunk_ns + kStallNs) {
     const int64_t backoff = g_backoff_ns.load(std::memory_order_relaxed);
-    g_alone_until.store(now_ns() + backoff, std::memory_order_relaxed);
+    g_alone_until.store(done + backoff, std::memory_order_relaxed);
     g_backoff_ns.store(std::min(2 * backoff, kBackoffMaxNs), std::memory_order_relaxed);
     g_stats.openmp_stalls.fetch_add(1, std::memory_order_relaxed);
   } else if (g_backoff_ns.load(std::memory_order_relaxed) != kBackoffMinNs) {

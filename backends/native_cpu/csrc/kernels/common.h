@@ -59,17 +59,19 @@ inline void store_pair(T* p, F a, F b) {
 // of lines that are overwritten whole (a third of the traffic of an ordinary store), and
 // the next op would not find them in cache anyway. kStreamBytes: a quarter of the L3; every
 // kernel that streams decides by it. Every full-vector store of such a result must be
-// aligned for S::stream, so streams() also asks that the result be 64-byte aligned and its
-// rows (of n elements) whole pairs (unary and gated kernels peel each range to alignment
-// instead). A chunk that streamed ends with S::stream_fence().
+// aligned, so streams() also asks that the result be aligned and its rows (of n elements)
+// whole stores: pairs of vectors (store_pair_full, 64-byte aligned) by default, single
+// vectors (store_full, aligned for S::stream) with Vectors = 1 (unary and gated kernels
+// peel each range to alignment instead). A chunk that streamed ends with S::stream_fence().
 inline constexpr int64_t kStreamBytes = int64_t{8} << 20;
 template <class T>
 inline bool large_enough_to_stream(int64_t elements) {
   return S::kHasStream && elements * static_cast<int64_t>(sizeof(T)) >= kStreamBytes;
 }
-template <class T>
+template <class T, int Vectors = 2>
 inline bool streams(const void* y, int64_t elements, int64_t n) {
-  return large_enough_to_stream<T>(elements) && n % (2 * W) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0;
+  constexpr uintptr_t kAlign = Vectors == 1 ? W * sizeof(T) : 64;  // S::stream's, or stream_pair's
+  return large_enough_to_stream<T>(elements) && n % (Vectors * W) == 0 && reinterpret_cast<uintptr_t>(y) % kAlign == 0;
 }
 template <bool Stream, class T>
 inline void store_full(T* p, F v) {

@@ -221,7 +221,7 @@ void binary_float(const tnc::BroadcastArgs& a, int threads) {
   int64_t total = 1;
   for (int d = 0; d <= last; ++d) total *= a.sizes[d];
   // broadcast_for's pieces start at multiples of the last axis or of 32768
-  with_stream(streams<T>(out, total, a.sizes[last]), [&](auto stream) {
+  with_stream(streams<T, 1>(out, total, a.sizes[last]), [&](auto stream) {
     constexpr bool St = decltype(stream)::value;
     broadcast_for(a, threads, 32768, [&](const int64_t* off, int64_t out_at, int64_t c0, int64_t count) {
       const T* xa = pa + off[0] + (a_vec ? c0 : 0);

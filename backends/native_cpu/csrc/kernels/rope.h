@@ -63,8 +63,8 @@ void rope(const tnc::RopeArgs& a, int threads) {
   constexpr bool kPairs = R == tnc::RopeRotation::pairs;
   // whole-vector stores land at multiples of `half` (NeoX) or of W (pairs) within each
   // row, and rows of d keep that alignment
-  const bool stream = kPairs ? streams<T>(a.out, a.tokens * heads * d, a.rotary_dim) && d % W == 0
-                             : streams<T>(a.out, a.tokens * heads * d, half) && d % half == 0;
+  const bool stream = kPairs ? streams<T, 1>(a.out, a.tokens * heads * d, a.rotary_dim) && d % W == 0
+                             : streams<T, 1>(a.out, a.tokens * heads * d, half) && d % half == 0;
   with_stream(stream, [&](auto stream_kind) {
     constexpr bool St = decltype(stream_kind)::value;
     tnc::parallel_for(a.tokens, row_grain(heads * d), threads, [&](int64_t t0, int64_t t1) {
