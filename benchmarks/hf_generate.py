@@ -13,7 +13,8 @@ interleave A, B, B, A over the rounds and the figures are medians; round 0 warms
 Per workload (prompt length P, batch B), with greedy decoding:
 - prefill tok/s: B * P / the time of generate(max_new_tokens=1) (the prompt's forward);
 - decode tok/s: B / the time of one decode step (generate of `--new` tokens minus
-  generate of 1, over new - 1 steps);
+  generate of 1, over new - 1 steps; no end-of-sequence token, so every run decodes them
+  all: ``never_stop``);
 - the decode bandwidth limit: weight bytes read per step / the machine's measured read
   bandwidth (native_cpu's probe, run between the rounds of each workload, median: the
   bandwidth of a shared machine moves from minute to minute), times B tokens per step;
@@ -53,17 +54,29 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
 
 
+def never_stop(model: torch.nn.Module) -> torch.nn.Module:
+    """No end-of-sequence token for ``generate``: random weights may emit one, and every run
+    must decode exactly the tokens asked for. (``min_new_tokens`` would force the length
+    too, but its two logits processors run a vocabulary-wide ``torch.isin`` each per step,
+    0.5-0.7 ms here in every system, which is no part of decoding.)"""
+    model.generation_config.eos_token_id = None
+    return model
+
+
 @torch.no_grad()
 def measure(model, ids, mask, new: int) -> tuple[float, float]:
     """(prefill seconds, seconds per decode step): generate of 1 token (the prefill and
-    its sampling) and of `new` tokens; the decode steps are the difference."""
+    its sampling) and of `new` tokens; the decode steps are the difference. The model
+    must not stop early (``never_stop``)."""
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
     t0 = time.perf_counter()
     model.generate(ids, max_new_tokens=1, **kw)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+    out = model.generate(ids, max_new_tokens=new, **kw)
     total = time.perf_counter() - t0
+    if out.shape[1] != ids.shape[1] + new:
+        raise RuntimeError(f"generate stopped after {out.shape[1] - ids.shape[1]} of {new} tokens (call never_stop)")
     return prefill, max(total - prefill, 1e-9) / (new - 1)
 
 
@@ -93,7 +106,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).eval()
+    model = never_stop(transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).eval())
     params = sum(p.numel() for p in model.parameters())
     step_bytes = weight_bytes_per_step(model)
     bw = read_bandwidth_gbs()

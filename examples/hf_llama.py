@@ -30,7 +30,11 @@ def load() -> torch.nn.Module:
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     config = transformers.LlamaConfig.from_json_file(CONFIG)
-    return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    # Random weights may emit the end-of-sequence token; the demo decodes every token it
+    # asks for. (min_new_tokens would too, at two vocabulary-wide torch.isin per step.)
+    model.generation_config.eos_token_id = None
+    return model
 
 
 @torch.no_grad()
@@ -42,6 +46,6 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch
     model.generate(ids, max_new_tokens=1, **kw)
     prefill = time.perf_counter() - start
     start = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, output_logits=True, return_dict_in_generate=True, **kw)
+    out = model.generate(ids, max_new_tokens=new, output_logits=True, return_dict_in_generate=True, **kw)
     total = time.perf_counter() - start
     return out.sequences[0, ids.shape[1]:], list(out.logits), ids.shape[1] / prefill, (new - 1) / max(total - prefill, 1e-9)
