@@ -9,7 +9,9 @@ The model is hf_generate.py's Llama (155.7M, bf16, random weights) enabled on na
 Every op class's ``__call__`` is wrapped with a timer for the measured forwards only; the
 wrapper's own cost (about a microsecond a call) lands in "outside the ops". GEMMs are
 split by shape, with the bandwidth their weight bytes imply (one row: a GEMV) or their
-GFLOP/s. The machine's read bandwidth is probed right after, for scale.
+GFLOP/s. The time outside the ops is split by where it falls (GAPS below). For scale,
+the same decode step of a model as deep but tiny (hidden 128: the same op calls and the
+same Python, on warm caches), and the machine's read bandwidth.
 """
 
 from __future__ import annotations
@@ -28,33 +30,54 @@ from tileops import ops
 from tileops.integrations.transformers import enable
 
 
+# Where the time outside the ops goes: the Python that runs before a forward's first op
+# (transformers' model forward, the integration's head), between two ops (split by what
+# ran before: a GEMM streams megabytes of weights through the caches, so the Python after
+# it runs cold), and after the last op (transformers' output). One `with timer:` block is
+# one forward.
+GAPS = ("before the first op", "between ops, after a GEMM", "between ops, after another op", "after the last op")
+
+
 class OpTimer:
-    """Wraps every op class's __call__ while active; accumulates seconds per key."""
+    """Wraps every op class's __call__ while active; accumulates seconds per key, and the
+    time between the ops per GAPS class."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self.calls: collections.Counter[str] = collections.Counter()
+        self.gaps: dict[str, float] = dict.fromkeys(GAPS, 0.0)
+        self.gap_counts: collections.Counter[str] = collections.Counter()
         self.classes = [getattr(ops, n) for n in dir(ops) if n.endswith("Op") and isinstance(getattr(ops, n), type)]
         self.saved: dict[type, object] = {}
+        self.last_end, self.last_was_gemm = 0.0, None  # None: no op yet in this forward
 
     def __enter__(self) -> OpTimer:
         for cls in self.classes:
             self.saved[cls] = cls.__call__
             cls.__call__ = self._timed(cls, cls.__call__)
+        self.last_end, self.last_was_gemm = time.perf_counter(), None
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._gap(GAPS[3], time.perf_counter())
         for cls, call in self.saved.items():
             cls.__call__ = call
+
+    def _gap(self, kind: str, now: float) -> None:
+        self.gaps[kind] += now - self.last_end
+        self.gap_counts[kind] += 1
 
     def _timed(self, cls: type, call):
         def timed(op, *args, **kwargs):
             t0 = time.perf_counter()
+            self._gap(GAPS[0] if self.last_was_gemm is None else GAPS[1] if self.last_was_gemm else GAPS[2], t0)
             out = call(op, *args, **kwargs)
             key = cls.__name__
             if key == "GemmFwdOp":  # x [M, K] @ weight [N, K]^T
                 key += f" m{args[0].shape[0]} n{args[1].shape[0]} k{args[1].shape[1]}"
-            self.seconds[key] += time.perf_counter() - t0
+            self.last_end = time.perf_counter()
+            self.last_was_gemm = cls.__name__ == "GemmFwdOp"
+            self.seconds[key] += self.last_end - t0
             self.calls[key] += 1
             return out
 
@@ -74,6 +97,28 @@ def report(title: str, timer: OpTimer, total: float, per: int) -> None:
     inside = sum(timer.seconds.values())
     print(f"  {'ops':<52} {inside / per * 1e3:8.3f} ms")
     print(f"  {'outside the ops (transformers, integration, wrapper)':<52} {(total - inside) / per * 1e3:8.3f} ms")
+    for kind in GAPS:
+        n = timer.gap_counts[kind]
+        mean = f"  {timer.gaps[kind] / n * 1e6:6.1f} us each" if n else ""
+        print(f"    {kind:<50} {timer.gaps[kind] / per * 1e3:8.3f} ms  {n / per:5.1f} gaps{mean}")
+
+
+@torch.no_grad()
+def tiny_decode_step(ids: torch.Tensor, steps: int) -> float:
+    """Median seconds of a decode step of CONFIG's model at hidden 128 (same depth and
+    head_dim, so the same op calls and Python per step), enabled the same way."""
+    tiny = dict(CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2,
+                num_key_value_heads=1)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny)).to(torch.bfloat16).eval()
+    enable(model, target=TARGET)
+    out = model(ids % tiny["vocab_size"], use_cache=True)
+    cache, tok, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+    for i in range(steps + 4):
+        t0 = time.perf_counter()
+        out = model(tok, past_key_values=cache, use_cache=True, position_ids=torch.tensor([[ids.shape[1] + i]]))
+        times.append(time.perf_counter() - t0)
+        tok = out.logits[:, -1:].argmax(-1)
+    return statistics.median(times[4:])
 
 
 @torch.no_grad()
@@ -107,9 +152,11 @@ def main() -> int:
 
     decode(4, None)  # kernels built
     plain = decode(args.steps, None) / args.steps
+    warm = tiny_decode_step(ids, args.steps)
     timer = OpTimer()
     timed = decode(args.steps, timer)
-    print(f"\ndecode step without the timers: {plain * 1e3:.2f} ms")
+    print(f"\ndecode step without the timers: {plain * 1e3:.2f} ms; the same step of a tiny model as deep "
+          f"(the op calls and Python alone, caches warm): {warm * 1e3:.2f} ms")
     report(f"decode step (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
 
     long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
