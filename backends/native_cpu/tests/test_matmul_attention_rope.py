@@ -179,7 +179,8 @@ def test_rope_with_a_position_beyond_max_position_raises_index_error():
 
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("bshd", [(2, 70, 4, 2, 64), (1, 1, 2, 1, 32), (1, 130, 8, 8, 40)])
+@pytest.mark.parametrize("bshd", [(2, 70, 4, 2, 64), (1, 1, 2, 1, 32), (1, 130, 8, 8, 40),
+                                  (1, 37, 4, 2, 17), (1, 70, 4, 1, 130)])  # odd D; 65 channel pairs
 def test_gqa_forward_matches_sdpa(dtype, causal, bshd):
     bsz, s, h, hkv, d = bshd
     q = torch.randn(bsz, s, h, d, dtype=dtype)

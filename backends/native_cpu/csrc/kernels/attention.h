@@ -72,9 +72,11 @@ struct FloatPrefillScores {
     for (int64_t d = 0; d < D; ++d) row[d] = tnc::to_float(src[d]) * scale;
     for (int64_t d = D; d < Dp; ++d) row[d] = 0.f;
   }
+  // the block's key rows transposed to floats Kt[D][kAttnBK]; ks[j] null: a dead key (zeros)
   template <class T>
-  static void load_key(float* Kt, int64_t j, const T* ks, int64_t D) {  // ks null: a dead key
-    for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = ks ? tnc::to_float(ks[d]) : 0.f;
+  static void load_keys(float* Kt, const T* const ks[kAttnBK], int64_t D) {
+    for (int64_t j = 0; j < kAttnBK; ++j)
+      for (int64_t d = 0; d < D; ++d) Kt[d * kAttnBK + j] = ks[j] ? tnc::to_float(ks[j][d]) : 0.f;
   }
   static int64_t value_floats(int64_t Dp) { return kAttnBK * Dp; }
   // the block's value rows as floats V[kAttnBK][Dp]; vs[j] null: a dead key (zeros)
@@ -110,8 +112,9 @@ struct FloatPrefillScores {
       if (rn > 3) S::store(o[3] + d, o3);
     }
   }
-  // s[i] = scores of query row q[i] against keys c .. c + W - 1 of the block
-  static void block(const float* const q[4], const float* Kt, int64_t c, int64_t D, int64_t, F s[4]) {
+  // s[i][0] = scores of query row q[i] against keys c .. c + W - 1 of the block
+  static constexpr int kKeyVectors = 1;  // vectors of W keys per block() call
+  static void block(const float* const q[4], const float* Kt, int64_t c, int64_t D, int64_t, F s[4][kKeyVectors]) {
     F s0 = S::zero(), s1 = S::zero(), s2 = S::zero(), s3 = S::zero();
     for (int64_t d = 0; d < D; ++d) {
       const F kv = S::load(Kt + d * kAttnBK + c);
@@ -120,7 +123,7 @@ struct FloatPrefillScores {
       s2 = S::fma(S::set1(q[2][d]), kv, s2);
       s3 = S::fma(S::set1(q[3][d]), kv, s3);
     }
-    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+    s[0][0] = s0, s[1][0] = s1, s[2][0] = s2, s[3][0] = s3;
   }
 };
 
@@ -130,10 +133,13 @@ void attention(const tnc::AttentionArgs& a, int threads) {
   struct Item {
     int64_t b, hkv, q0;
   };
-  std::vector<Item> work;  // request, KV head, first query: the query blocks, request-major
+  // request, KV head, first query: the query blocks, request-major, each request's last
+  // block first (under a causal mask the later blocks see the most keys: claimed first,
+  // the long items no longer come last and leave one thread working alone)
+  std::vector<Item> work;
   for (int64_t b = 0; b < a.batch; ++b)
     for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv)
-      for (int64_t q0 = 0; q0 < a.q_len[b]; q0 += kAttnBQ) work.push_back({b, hkv, q0});
+      for (int64_t q0 = (a.q_len[b] - 1) / kAttnBQ * kAttnBQ; q0 >= 0; q0 -= kAttnBQ) work.push_back({b, hkv, q0});
   const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
   tnc::parallel_for(static_cast<int64_t>(work.size()), 1, threads, [&](int64_t i0, int64_t i1) {
     const int64_t rows_max = G * kAttnBQ;
@@ -153,36 +159,38 @@ void attention(const tnc::AttentionArgs& a, int threads) {
           const T* src = static_cast<const T*>(a.q) + (qrow0 + i) * q_tok + (hkv * G + g) * D;
           Scores::load_query(Q + (g * bq + i) * Dp, src, D, Dp, a.scale);
         }
-      for (int64_t r = 0; r < rows; ++r) {
-        Mx[r] = -std::numeric_limits<float>::infinity();
-        L[r] = 0.f;
-        for (int64_t d = 0; d < Dp; ++d) O[r * Dp + d] = 0.f;
-      }
+      std::fill(Mx, Mx + rows, -std::numeric_limits<float>::infinity());
+      std::fill(L, L + rows, 0.f);
+      std::fill(O, O + rows * Dp, 0.f);
       // the keys any query of the block sees (both bounds grow with the query index)
       const int64_t kv_lo = visible_keys(a, b, q0).lo, kv_hi = visible_keys(a, b, q0 + bq - 1).hi;
       for (int64_t k0 = kv_lo; k0 < kv_hi; k0 += kAttnBK) {
         const int64_t bk = std::min(kAttnBK, kv_hi - k0);
         int64_t rows_k[kAttnBK];
         key_rows(a, b, k0, bk, rows_k);
+        const T* ks[kAttnBK];
         const T* vs[kAttnBK];
         for (int64_t j = 0; j < kAttnBK; ++j) {
           const int64_t tok = j < bk ? rows_k[j] * kv_tok + hkv * D : 0;
-          Scores::load_key(Kt, j, j < bk ? static_cast<const T*>(a.k) + tok : nullptr, D);
+          ks[j] = j < bk ? static_cast<const T*>(a.k) + tok : nullptr;
           vs[j] = j < bk ? static_cast<const T*>(a.v) + tok : nullptr;
         }
+        Scores::load_keys(Kt, ks, D);
         Scores::load_values(V, vs, D, Dp);
         // scores, four query rows at a time
         for (int64_t r0 = 0; r0 < rows; r0 += 4) {
           const float* q[4];
           for (int i = 0; i < 4; ++i) q[i] = Q + std::min(r0 + i, rows - 1) * Dp;
-          for (int64_t c = 0; c < kAttnBK; c += W) {
-            F s[4];
+          for (int64_t c = 0; c < kAttnBK; c += Scores::kKeyVectors * W) {
+            F s[4][Scores::kKeyVectors];
             Scores::block(q, Kt, c, D, Dp, s);
-            for (int i = 0; i < 4 && r0 + i < rows; ++i) {
-              if constexpr (!Scores::kScaled) s[i] = S::mul(s[i], S::set1(a.scale));
-              if (a.softcap > 0.f) s[i] = vsoftcap(s[i], a.softcap);
-              S::store(P + (r0 + i) * kAttnBK + c, s[i]);
-            }
+            for (int i = 0; i < 4 && r0 + i < rows; ++i)
+              for (int v = 0; v < Scores::kKeyVectors; ++v) {
+                F sv = s[i][v];
+                if constexpr (!Scores::kScaled) sv = S::mul(sv, S::set1(a.scale));
+                if (a.softcap > 0.f) sv = vsoftcap(sv, a.softcap);
+                S::store(P + (r0 + i) * kAttnBK + c + v * W, sv);
+              }
           }
         }
         // online softmax per row, over the keys that row sees
