@@ -127,3 +127,28 @@ struct Simd {
   }
   static F fmaddsub(F a, F b, F c) { return _mm512_fmaddsub_ps(a, b, c); }
 };
+
+// In-register transpose of a 16x16 matrix of 32-bit words: v[r] lane c -> v[c] lane r
+// (the bfloat16 GEMM's and prefill attention's packing of K pairs).
+inline void transpose16x16_epi32(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // v[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+    v[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i u0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
+    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
+    t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
+    t[4 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}

@@ -101,31 +101,9 @@ struct Avx512Bf16PrefillScores {
           const T* row = ks[j0 + jj];
           r[jj] = row ? _mm512_maskz_loadu_epi32(m, reinterpret_cast<const uint32_t*>(row) + p0) : _mm512_setzero_si512();
         }
-        transpose_16x16(r);
+        transpose16x16_epi32(r);
         for (int c = 0; c < n; ++c) _mm512_storeu_si512(kp + (p0 + c) * kAttnBK + j0, r[c]);
       }
-  }
-  // r[i][c] -> r[c][i] for a 16 x 16 matrix of 32-bit words
-  static void transpose_16x16(__m512i r[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 8; ++i) {  // within 128-bit lanes: pairs of rows, 32-bit interleave
-      a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-      a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int g = 0; g < 4; ++g) {  // b[4 g + c], lane L: rows 4 g .. 4 g + 3 of column 4 L + c
-      b[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-      b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-      b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-      b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {  // column 4 L + c: lane L of b[c], b[4 + c], b[8 + c], b[12 + c]
-      const __m512i e0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44), e1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
-      const __m512i f0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44), f1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
-      r[c] = _mm512_shuffle_i32x4(e0, f0, 0x88);
-      r[4 + c] = _mm512_shuffle_i32x4(e0, f0, 0xDD);
-      r[8 + c] = _mm512_shuffle_i32x4(e1, f1, 0x88);
-      r[12 + c] = _mm512_shuffle_i32x4(e1, f1, 0xDD);
-    }
   }
   // the value block as key pairs, Vp[kAttnBK / 2][Dp] of 32 bits: keys 2 jp and 2 jp + 1 of
   // channel d in the low and high halves

@@ -1,6 +1,7 @@
 // The gemm family's code for AVX-512 BF16 (vdpbf16ps), part 1: the packed bfloat16 GEMM
-// and the 16x16 register transpose both parts use. Part 2, kernels/gemm_avx512_bf16_nt.h,
-// has the products read straight from the weight layout and the bfloat16 entry point.
+// (its packing transposes in registers: transpose16x16_epi32, simd_avx512.h). Part 2,
+// kernels/gemm_avx512_bf16_nt.h, has the products read straight from the weight layout
+// and the bfloat16 entry point.
 // Included by isa_avx512.cc inside its namespace after kernels/families.h.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
@@ -66,30 +67,6 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
   }
   for (int r = 0; r < mr; ++r)
     for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
-}
-
-// In-register transpose of a 16x16 matrix of 32-bit words: v[r] lane c -> v[c] lane r.
-inline void transpose16x16_epi32(__m512i v[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // v[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
-    v[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
-    v[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
-    v[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    v[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i u0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
-    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
-    t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
-    t[8 + c] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
-    t[4 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
-  }
-  for (int i = 0; i < 16; ++i) v[i] = t[i];
 }
 
 inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
