@@ -59,11 +59,11 @@ constexpr int64_t kAttnBQ = 32;
 constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
 
 // How prefill computes its dot products: a policy with the layouts of the query rows, the
-// key block and the value block, the 4-row x W-key scores and the 4-row P V update. Here
-// in float: the query rows are scaled floats [rows][Dp], the key block is transposed to
-// floats Kt[D][kAttnBK], the value block is floats V[kAttnBK][Dp], and each is a run of
-// broadcast FMAs. An ISA extension (kernels/attention_avx512_bf16.h) keeps them in
-// bfloat16 pairs instead and scales the scores afterwards.
+// key block and the value block, the scores of 4 rows x kKeyVectors W keys, and the 4-row
+// P V update. Here in float: the query rows are scaled floats [rows][Dp], the key block is
+// transposed to floats Kt[D][kAttnBK], the value block is floats V[kAttnBK][Dp], and each
+// is a run of broadcast FMAs. An ISA extension (kernels/attention_avx512_bf16.h) keeps
+// them in bfloat16 pairs instead and scales the scores afterwards.
 struct FloatPrefillScores {
   static constexpr bool kScaled = true;  // the query rows carry the scale
   static int64_t key_floats(int64_t D) { return D * kAttnBK; }
@@ -139,7 +139,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
   std::vector<Item> work;
   for (int64_t b = 0; b < a.batch; ++b)
     for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv)
-      for (int64_t q0 = (a.q_len[b] - 1) / kAttnBQ * kAttnBQ; q0 >= 0; q0 -= kAttnBQ) work.push_back({b, hkv, q0});
+      for (int64_t blk = (a.q_len[b] + kAttnBQ - 1) / kAttnBQ - 1; blk >= 0; --blk) work.push_back({b, hkv, blk * kAttnBQ});
   const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
   tnc::parallel_for(static_cast<int64_t>(work.size()), 1, threads, [&](int64_t i0, int64_t i1) {
     const int64_t rows_max = G * kAttnBQ;
