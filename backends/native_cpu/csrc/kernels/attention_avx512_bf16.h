@@ -137,8 +137,26 @@ struct Avx512Bf16PrefillScores {
     for (; d + 64 <= Dp; d += 64) accumulate_columns<4>(o, rn, pp, vp, pairs, Dp, d);
     for (; d < Dp; d += 16) accumulate_columns<1>(o, rn, pp, vp, pairs, Dp, d);
   }
-  // o[i][d .. d + 16 NV) += p[i] . V[:, same columns]: 4 x NV independent vdpbf16ps chains
-  // (four chains alone waited on the instruction's latency, at about half its throughput)
+  // acc[i][v] += sum over pairs p < count of rows[i][p] . b[p * stride + 16 v ..]: a pair of
+  // row i (one 32-bit word, broadcast) against 16 pairs of b, 4 x NV independent vdpbf16ps
+  // chains (four chains alone waited on the instruction's latency, at about half its
+  // throughput). The scores (rows: queries, b: the packed keys) and P V (rows: the
+  // probabilities, b: the packed values) are both this.
+  template <int NV>
+  static void pair_products(F acc[4][NV], const uint32_t* const rows[4], const uint32_t* b, int64_t stride, int64_t count) {
+    for (int64_t p = 0; p < count; ++p) {
+      __m512bh bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * stride + 16 * v);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512bh r = (__m512bh)_mm512_set1_epi32(static_cast<int>(rows[i][p]));
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], r, bv[v]);
+      }
+    }
+  }
+  // o[i][d .. d + 16 NV) += p[i] . the same columns of V
   template <int NV>
   static void accumulate_columns(float* const o[4], int rn, const uint32_t pp[4][kAttnBK / 2], const uint32_t* vp,
                                  int64_t pairs, int64_t Dp, int64_t d) {
@@ -147,17 +165,8 @@ struct Avx512Bf16PrefillScores {
     for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_loadu_ps(o[i] + d + 16 * v);
-    for (int64_t jp = 0; jp < pairs; ++jp) {
-      __m512bh vv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) vv[v] = (__m512bh)_mm512_loadu_si512(vp + jp * Dp + d + 16 * v);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512bh pj = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[i][jp]));
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], pj, vv[v]);
-      }
-    }
+    const uint32_t* rows[4] = {pp[0], pp[1], pp[2], pp[3]};
+    pair_products<NV>(acc, rows, vp + d, Dp, pairs);
     // rows past rn repeat the last live row: store the live ones only
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)
@@ -166,27 +175,16 @@ struct Avx512Bf16PrefillScores {
         for (int v = 0; v < NV; ++v) _mm512_storeu_ps(o[i] + d + 16 * v, acc[i][v]);
   }
   // s[i][v] = scores of query row q[i] against keys c + 16 v .. c + 16 v + 15: every key
-  // of the block at once, 16 independent vdpbf16ps chains
+  // of the block at once
   static constexpr int kKeyVectors = kAttnBK / 16;
   static void block(const float* const q[4], const float* Kt, int64_t c, int64_t D, int64_t, F s[4][kKeyVectors]) {
-    const auto* kp = reinterpret_cast<const uint32_t*>(Kt);
     const uint32_t* qp[4];
     for (int i = 0; i < 4; ++i) qp[i] = reinterpret_cast<const uint32_t*>(q[i]);
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 4
       for (int v = 0; v < kKeyVectors; ++v) s[i][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < (D + 1) / 2; ++p) {
-      __m512bh kv[kKeyVectors];
-#pragma GCC unroll 4
-      for (int v = 0; v < kKeyVectors; ++v) kv[v] = (__m512bh)_mm512_loadu_si512(kp + p * kAttnBK + c + 16 * v);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(qp[i][p]));
-#pragma GCC unroll 4
-        for (int v = 0; v < kKeyVectors; ++v) s[i][v] = _mm512_dpbf16_ps(s[i][v], qv, kv[v]);
-      }
-    }
+    pair_products<kKeyVectors>(s, qp, reinterpret_cast<const uint32_t*>(Kt) + c, kAttnBK, (D + 1) / 2);
   }
 };
 
