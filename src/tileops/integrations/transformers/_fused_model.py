@@ -27,7 +27,6 @@ Any other call runs transformers' forward over the same patched modules.
 from __future__ import annotations
 
 import inspect
-import operator
 from typing import Any
 
 import torch
@@ -42,7 +41,6 @@ from ._fusion import norm_eps, norm_weight
 
 __all__ = ["FusedModel", "plan_fused_model"]
 
-_hooks, _pre_hooks = operator.attrgetter("_forward_hooks"), operator.attrgetter("_forward_pre_hooks")
 _FLAGS = ("output_attentions", "output_hidden_states", "output_router_logits")
 _KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "return_dict",
           "cache_position", *_FLAGS}
@@ -56,9 +54,7 @@ class FusedModel:
         self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
         self.output = _output_class(base)
-        # whose hooks send a call to transformers' forward; read with C-level maps, as every
-        # forward checks them (a Python loop over ~100 modules took 50-90 us a decode step)
-        self.submodules = list(base.modules())
+        self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
 
     def accepts(self, kwargs: dict) -> bool:
         if any(k not in _KNOWN for k in kwargs):
@@ -68,7 +64,7 @@ class FusedModel:
             return False
         if _module._global_forward_hooks or _module._global_forward_pre_hooks:
             return False
-        if any(map(_hooks, self.submodules)) or any(map(_pre_hooks, self.submodules)):
+        if any(m._forward_hooks or m._forward_pre_hooks for m in self.submodules):
             return False
         if torch.compiler.is_compiling():  # transformers' forward is what compile is tested on
             return False
