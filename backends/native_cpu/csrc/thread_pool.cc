@@ -254,10 +254,10 @@ std::atomic<int> g_use_openmp{[] {
 // makes the region wait at OpenMP's closing barrier for that thread's next time slice: on
 // 2 cores shared with two busy processes, a 0.07 ms GEMV took 12 ms, every call. So after
 // a region whose team thread started, or finished, over 1 ms late, and which took over 1 ms
-// longer than the caller alone would have, the regions run on the
-// calling thread alone for 50 ms (doubling up to 1 s while the regions that try the team
-// again stall too; back to 50 ms after one that did not): a busy machine gives us one core
-// anyway, and the caller alone never waits for anyone. Not our own pool: its helper would
+// longer than the caller alone would have, the regions run on the calling thread alone for
+// 50 ms (doubling up to 1 s while the regions that try the team again stall too; back to
+// 50 ms after one that did not): a busy machine gives us one core anyway, and the caller
+// alone never waits for anyone. Not our own pool: its helper would
 // share a core with the team's thread, which spins for milliseconds after every torch op,
 // and that mixed regime was the least predictable of all (benchmarks/native_latency.py, 3
 // processes on a quiet machine: 22 targets missed with a back-off to our own pool, 18 with
