@@ -190,7 +190,9 @@ def test_gqa_forward_matches_sdpa(dtype, causal, bshd):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-@pytest.mark.parametrize("bnhd", [(2, 300, 8, 2, 64), (1, 1, 4, 4, 128), (1, 5000, 8, 1, 32)])
+# odd D, D = 96 and 130 (runs of 32 channels and a partial one), 3 and 6 heads a group
+@pytest.mark.parametrize("bnhd", [(2, 300, 8, 2, 64), (1, 1, 4, 4, 128), (1, 5000, 8, 1, 32), (1, 77, 6, 2, 17),
+                                  (2, 40, 4, 1, 96), (1, 33, 12, 2, 130)])
 def test_gqa_decode_attends_to_every_cached_position(dtype, bnhd):
     bsz, n, h, hkv, d = bnhd
     q = torch.randn(bsz, h, d, dtype=dtype)

@@ -249,53 +249,115 @@ void attention(const tnc::AttentionArgs& a, int threads) {
 // ---------------------------------------------------------------------------------------
 // decode
 
-// How decode computes the dot products of a register block (4 keys x 4 query heads): here
-// in float from the scaled float query, inline in attention_decode. An ISA extension with
-// kOwnQuery (kernels/attention_avx512_bf16.h) keeps its own, unscaled copy of the queries
-// (alloc_query per thread, load_query per head) and computes the block itself (block());
-// its scores are scaled afterwards. (Here the copy is a null pointer, not an empty object:
-// an object, even an empty one, changed the float kernel's code.)
-struct FloatDecodeScores {
-  static constexpr bool kOwnQuery = false;
-  static void* alloc_query(int64_t, int64_t) { return nullptr; }
-};
-
-// Reads one word of every cache line of the given K and V rows (whole rows: every KV
-// head), in address order. Decode touches the next block of keys this way before it
-// computes the current one: demand loads that walk memory in order are what the hardware's
-// stream prefetchers follow, and they keep far more lines in flight than software
-// prefetches can. (Each KV head's slice of a row is 2 KiB from the next row's at H_kv = 8,
-// D = 128; prefetching those slices head by head reached ~42% of the read bandwidth in the
-// paged decode benchmark, the touches ~55-60%.) Returns a value to keep the loads alive.
-inline uint64_t touch_rows(const void* k, const void* v, const int64_t* rows, int count, int64_t row_bytes) {
-  uint64_t sum = 0;
-  for (int j = 0; j < count; ++j)
-    for (const void* base : {k, v}) {
-      const char* p = static_cast<const char*>(base) + rows[j] * row_bytes;
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) {
-        uint64_t word;
-        std::memcpy(&word, p + byte, sizeof(word));
-        sum ^= word;
+// How decode computes its dot products, here in float: the query rows are scaled floats
+// [H][Dp]; a register block of partial dot products (4 keys x 4 query heads, 16 FMA chains,
+// one K row load serving four heads) is a run of broadcast-free FMAs; P V accumulates the
+// float probabilities [H][W] into float rows of O in channel order. An ISA extension
+// (kernels/attention_avx512_bf16.h) keeps bfloat16 operands instead, with its own query,
+// probability and O layouts; attention_decode sees them only through these members.
+struct FloatDecode {
+  static constexpr bool kScaled = true;  // scores() returns scaled dot products
+  static int64_t query_floats(int64_t H, int64_t D) { return H * ((D + W - 1) / W * W); }
+  template <class T>
+  static void load_query(float* q, int64_t h, const T* src, int64_t D, float scale) {
+    const int64_t Dp = (D + W - 1) / W * W;
+    for (int64_t d = 0; d < Dp; ++d) q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * scale : 0.f;
+  }
+  // acc[jj][i]: 16 lanes of partial dot products of key kr[jj] with query head h0 + i
+  // (heads past gn repeat the last live one)
+  template <class T>
+  static void scores(const float* q, int64_t h0, int gn, const T* const kr[4], int64_t D, F acc[4][4]) {
+    const int64_t Dp = (D + W - 1) / W * W, dfull = D / W * W;
+    const float* qr[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) qr[i] = q + (h0 + std::min(i, gn - 1)) * Dp;
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 4; ++jj)
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) acc[jj][i] = S::zero();
+    for (int64_t d = 0; d < Dp; d += W) {
+      F qv[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d);  // zero-padded past D
+#pragma GCC unroll 4
+      for (int jj = 0; jj < 4; ++jj) {
+        const F kv = d < dfull ? S::load(kr[jj] + d) : S::load_n(kr[jj] + d, static_cast<int>(D - d));
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
       }
     }
-  return sum;
+  }
+  static int64_t o_stride(int64_t D) { return (D + W - 1) / W * W; }
+  static int64_t o_index(int64_t d) { return d; }  // where channel d sits in a row of O
+  static int64_t prob_floats(int64_t H) { return H * W; }
+  static void store_probs(float* P, int64_t h, F p) { S::store(P + h * W, p); }
+  // O rows h0 .. h0 + gn - 1 += P[h][j] V[row[j]] over keys j0 <= j < j1, in register
+  // blocks of (4 heads x 4 vectors of D); a dead head repeats the last live one (same row,
+  // same sums, so its store is harmless: a conditional one made GCC keep acc in memory)
+  template <class T>
+  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
+                         int64_t kv_tok, int64_t D) {
+    const int64_t Dp = o_stride(D);
+    for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
+      const int dv = static_cast<int>(std::min<int64_t>(4, (Dp - d0) / W));
+      const float* prow[4];
+      float* orow[4];
+      F acc[4][4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const int64_t h = h0 + std::min(i, gn - 1);
+        prow[i] = P + h * W;
+        orow[i] = O + h * Dp + d0;
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
+      }
+      for (int j = j0; j < j1; ++j) {
+        const T* vr = vbase + row[j] * kv_tok + d0;
+        F vv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const F pj = S::set1(prow[i][j]);
+#pragma GCC unroll 4
+          for (int v = 0; v < 4; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
+        }
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; ++v)
+          if (v < dv) S::store(orow[i] + v * W, acc[i][v]);
+    }
+  }
+};
+
+// Asks for the bytes [p, p + bytes) to be brought into the L2 (a software prefetch per
+// cache line; locality 2 is prefetcht1 on x86).
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(static_cast<const char*>(p) + at, 0, 2);
 }
 
 // Decode: one query per request (every q_len is 1). Memory-bound on K and V, which are
 // streamed once: a task owns a range of the positions one request sees and walks it in
-// blocks of W tokens over every KV head (a token's row holds every KV head, so a block is
-// W whole rows, contiguous unless a page ends inside it; walking one KV head alone would
-// touch a new page every few rows). Every query head
-// of a group is served by the same load of a K or V row. The G x W dot products of a
-// block are finished by one transpose-add per query head (no horizontal reduction per
-// key), the softmax update is vectorised over the block's keys, and P V runs over
-// register blocks of (4 heads x 4 vectors of D). The positions are split when the batch
-// alone cannot keep every thread busy; the splits are merged at the end.
-template <class T, class Scores = FloatDecodeScores>
+// blocks of W positions. Within a block, work follows the addresses: scores for 4 keys at a
+// time over every KV head (a token's row holds every KV head: 4 rows are read front to
+// back), then the online softmax of every head, then P V for 8 keys at a time over every
+// KV head, so that K and V are each read as a few forward streams. Every query head of a
+// group is served by the same load of a K or V row; the dot products of a block are
+// finished by one transpose-add per head (no horizontal reduction per key); the softmax
+// is vectorised over the block's keys and rescales O only when a head's maximum grows.
+// The keys two blocks ahead are prefetched into the L2 in small pieces between the
+// register blocks that read the same rows of this block, so memory is busy while the core
+// computes. (Measured on 8 x 4096 paged tokens, 2 threads: prefetches to the L1 or
+// touching the next block before computing it left memory idle during the arithmetic, at
+// 48-57% of the read bandwidth; head-major order kept the stream prefetchers idle.)
+// Positions are split when the batch alone cannot keep every thread busy; the splits are
+// merged at the end.
+template <class T, class Policy = FloatDecode>
 void attention_decode(const tnc::AttentionArgs& a, int threads) {
-  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv, H = a.heads;
-  const int64_t dfull = D / W * W;
-  const int64_t groups = a.batch * a.heads_kv;
+  const int64_t D = a.head_dim, G = a.heads / a.heads_kv, H = a.heads, Hkv = a.heads_kv;
+  const int64_t groups = a.batch * Hkv, ostride = Policy::o_stride(D);
   int64_t N = 0;  // the most positions a request sees
   for (int64_t b = 0; b < a.batch; ++b) {
     const KeySpan seen = visible_keys(a, b, 0);
@@ -304,170 +366,104 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   int64_t splits = 1;
   if (a.batch < 4 * threads)
     splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
-  const int64_t part_stride = Dp + 2;
+  const int64_t part_stride = ostride + 2;
   std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
-  const int64_t kv_tok = a.heads_kv * D;
-  tnc::parallel_for(a.batch * splits, 1, threads, [&, D, Dp, G, H, dfull, kv_tok, splits](int64_t i0, int64_t i1) {
-    float* Q = scratch(static_cast<size_t>(2 * H * Dp + 2 * H + G * W + G * W * W), 0);
-    float* O = Q + H * Dp;
-    float* mx = O + H * Dp;
-    float* l = mx + H;
-    float* P = l + H;    // [G][W] probabilities of the current block and KV head
-    float* Acc = P + G * W;  // [G][W keys][W lanes] partial dot products
-    const auto own_query = Scores::alloc_query(H, D);  // an ISA extension's copy of the queries
-    uint64_t touched = 0;  // what touch_rows read, kept alive below
+  const int64_t kv_tok = Hkv * D, slice_bytes = D * static_cast<int64_t>(sizeof(T));
+  constexpr int kPrefetchBlocks = 2;  // how far ahead, in blocks of W positions
+  constexpr int kValueKeys = 8;       // keys per P V pass over the KV heads
+  tnc::parallel_for(a.batch * splits, 1, threads, [&](int64_t i0, int64_t i1) {
+    float* Q = scratch(static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + H * W * W + H * W + H + Policy::prob_floats(H)), 0);
+    float* O = Q + Policy::query_floats(H, D);
+    float* Acc = O + H * ostride;  // [H][W keys][W lanes] partial dot products of a block
+    float* lsum = Acc + H * W * W;  // [H][W]: each head's softmax denominator, by lane
+    float* mx = lsum + H * W;       // [H]: each head's running maximum
+    float* P = mx + H;              // the block's probabilities, in the policy's layout
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t b = item / splits, sp = item % splits;
       const KeySpan seen = visible_keys(a, b, 0);
       const int64_t span = (seen.hi - seen.lo + splits - 1) / splits;
       const int64_t n0 = seen.lo + sp * span, n1 = std::min(seen.hi, n0 + span);
       for (int64_t h = 0; h < H; ++h) {
-        const T* src = static_cast<const T*>(a.q) + (a.q_begin[b] * H + h) * D;
-        for (int64_t d = 0; d < Dp; ++d) Q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * a.scale : 0.f;
-        for (int64_t d = 0; d < Dp; ++d) O[h * Dp + d] = 0.f;
-        if constexpr (Scores::kOwnQuery) Scores::load_query(own_query, h, src, D);
+        Policy::load_query(Q, h, static_cast<const T*>(a.q) + (a.q_begin[b] * H + h) * D, D, a.scale);
+        std::fill(O + h * ostride, O + (h + 1) * ostride, 0.f);
         mx[h] = -std::numeric_limits<float>::infinity();
-        l[h] = 0.f;
+        std::fill(lsum + h * W, lsum + (h + 1) * W, 0.f);
       }
-      int64_t row[W] = {}, next_row[W] = {};  // cache rows of this block's and the next block's keys
-      key_rows(a, b, n0, std::min<int64_t>(W, n1 - n0), next_row);
+      int64_t row[W], ahead[W];  // cache rows of this block's keys and of the block prefetched
       for (int64_t k0 = n0; k0 < n1; k0 += W) {
         const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
-        const int nb = static_cast<int>(std::clamp<int64_t>(n1 - k0 - W, 0, W));
-        for (int j = 0; j < bk; ++j) row[j] = next_row[j];
-        key_rows(a, b, k0 + W, nb, next_row);
-        touched ^= touch_rows(a.k, a.v, next_row, nb, kv_tok * static_cast<int64_t>(sizeof(T)));
+        const int na = static_cast<int>(std::clamp<int64_t>(n1 - k0 - kPrefetchBlocks * W, 0, W));
+        key_rows(a, b, k0, bk, row);
+        key_rows(a, b, k0 + kPrefetchBlocks * W, na, ahead);
         if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
-          for (int64_t i = 0; i < G * W * W; ++i) Acc[i] = 0.f;
-        for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv) {
-          const T* kbase = static_cast<const T*>(a.k) + hkv * D;
-          const T* vbase = static_cast<const T*>(a.v) + hkv * D;
-          const float* Qg = Q + hkv * G * Dp;
-          float* Og = O + hkv * G * Dp;
-          // scores: register blocks of 4 keys x 4 query heads (16 independent FMA chains;
-          // one K row load serves four heads). Dead keys and heads repeat the last live one:
-          // dead keys' lanes are masked below, dead heads are not stored.
-          for (int j0 = 0; j0 < bk; j0 += 4) {
+          std::fill(Acc, Acc + H * W * W, 0.f);
+        // scores: 4 keys at a time, every KV head (each of the 4 rows read front to back)
+        for (int j0 = 0; j0 < bk; j0 += 4) {
+          const int jn = std::min(4, bk - j0);
+          for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+            for (int jj = j0; jj < std::min(j0 + 4, na); ++jj)
+              prefetch_l2(static_cast<const T*>(a.k) + ahead[jj] * kv_tok + hkv * D, slice_bytes);
             const T* kr[4];
-#pragma GCC unroll 4
-            for (int jj = 0; jj < 4; ++jj) kr[jj] = kbase + row[std::min(j0 + jj, bk - 1)] * kv_tok;
+            for (int jj = 0; jj < 4; ++jj) kr[jj] = static_cast<const T*>(a.k) + row[j0 + std::min(jj, jn - 1)] * kv_tok + hkv * D;
             for (int64_t g0 = 0; g0 < G; g0 += 4) {
               const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
-              const float* qr[4];
-#pragma GCC unroll 4
-              for (int i = 0; i < 4; ++i) qr[i] = Qg + (g0 + std::min(i, gn - 1)) * Dp;
+              const int64_t h0 = hkv * G + g0;
               F acc[4][4];
-              if constexpr (Scores::kOwnQuery) {
-                Scores::block(own_query, hkv * G + g0, gn, kr, D, acc);
-              } else {
-#pragma GCC unroll 4
-              for (int jj = 0; jj < 4; ++jj)
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i) acc[jj][i] = S::zero();
-              for (int64_t d = 0; d < dfull; d += W) {
-                F qv[4];
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d);
-#pragma GCC unroll 4
-                for (int jj = 0; jj < 4; ++jj) {
-                  const F kv = S::load(kr[jj] + d);
-#pragma GCC unroll 4
-                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
-                }
-              }
-              if (dfull < D) {
-                const int c = static_cast<int>(D - dfull);
-                F qv[4];
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + dfull);  // zero-padded
-#pragma GCC unroll 4
-                for (int jj = 0; jj < 4; ++jj) {
-                  const F kv = S::load_n(kr[jj] + dfull, c);
-#pragma GCC unroll 4
-                  for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
-                }
-              }
-              }
+              Policy::scores(Q, h0, gn, kr, D, acc);
 #pragma GCC unroll 4
               for (int jj = 0; jj < 4; ++jj)
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; ++i)
-                  if (i < gn && j0 + jj < W) S::store(Acc + ((g0 + i) * W + j0 + jj) * W, acc[jj][i]);
+                  if (i < gn && jj < jn) S::store(Acc + ((h0 + i) * W + j0 + jj) * W, acc[jj][i]);
             }
           }
-          // online softmax over the block, vectorised over its keys
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t h = hkv * G + g;
-            F acc_rows[W];
-            for (int j = 0; j < W; ++j) acc_rows[j] = S::load(Acc + (g * W + j) * W);
-            F sc = S::transpose_add(acc_rows);
-            if constexpr (Scores::kOwnQuery) sc = S::mul(sc, S::set1(a.scale));  // from the unscaled query
-            if (a.softcap > 0.f) sc = vsoftcap(sc, a.softcap);
-            if (bk < W) {
-              alignas(64) float lanes[W];
-              S::store(lanes, sc);
-              sc = S::load_n(static_cast<const float*>(lanes), bk, -std::numeric_limits<float>::infinity());
-            }
-            const float m = std::max(mx[h], S::reduce_max(sc));
-            const float corr = mx[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(mx[h] - m);
-            mx[h] = m;
-            const F p = vexp(S::sub(sc, S::set1(m)));
-            S::store(P + g * W, p);
-            l[h] = l[h] * corr + S::reduce_add(p);
-            if (corr != 1.f) {
-              const F vc = S::set1(corr);
-              float* o = Og + g * Dp;
-              for (int64_t d = 0; d < Dp; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
-            }
+        }
+        // online softmax of every head over the block, vectorised over its keys
+        for (int64_t h = 0; h < H; ++h) {
+          F rows[W];
+          for (int j = 0; j < W; ++j) rows[j] = S::load(Acc + (h * W + j) * W);
+          F s = S::transpose_add(rows);
+          if constexpr (!Policy::kScaled) s = S::mul(s, S::set1(a.scale));
+          if (a.softcap > 0.f) s = vsoftcap(s, a.softcap);
+          if (bk < W) {
+            alignas(64) float lanes[W];
+            S::store(lanes, s);
+            s = S::load_n(static_cast<const float*>(lanes), bk, -std::numeric_limits<float>::infinity());
           }
-          // O += P V: register blocks of 4 heads x 4 vectors of D (constant indices only, so
-          // the block stays in registers; dead heads repeat the last live one)
-          for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
-            const int dv = static_cast<int>(std::min<int64_t>(4, (Dp - d0) / W));
-            for (int64_t g0 = 0; g0 < G; g0 += 4) {
-              const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
-              const float* prow[4];
-              float* orow[4];
-              F acc[4][4];
-#pragma GCC unroll 4
-              for (int i = 0; i < 4; ++i) {
-                const int64_t g = g0 + std::min(i, gn - 1);
-                prow[i] = P + g * W;
-                orow[i] = Og + g * Dp + d0;
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
-              }
-              for (int j = 0; j < bk; ++j) {
-                const T* vr = vbase + row[j] * kv_tok + d0;
-                F vv[4];
-#pragma GCC unroll 4
-                for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i) {
-                  const F pj = S::set1(prow[i][j]);
-#pragma GCC unroll 4
-                  for (int v = 0; v < 4; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
-                }
-              }
-#pragma GCC unroll 4
-              for (int i = 0; i < 4; ++i)
-                if (i < gn)
-#pragma GCC unroll 4
-                  for (int v = 0; v < 4; ++v)
-                    if (v < dv) S::store(orow[i] + v * W, acc[i][v]);
-            }
+          const float blk_max = S::reduce_max(s);
+          if (blk_max > mx[h]) {  // a new maximum: rescale what came before
+            const float corr = mx[h] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(mx[h] - blk_max);
+            mx[h] = blk_max;
+            const F vc = S::set1(corr);
+            S::store(lsum + h * W, S::mul(S::load(lsum + h * W), vc));
+            float* o = O + h * ostride;
+            for (int64_t d = 0; d < ostride; d += W) S::store(o + d, S::mul(S::load(o + d), vc));
+          }
+          const F p = vexp(S::sub(s, S::set1(mx[h])));
+          S::store(lsum + h * W, S::add(S::load(lsum + h * W), p));
+          Policy::store_probs(P, h, p);
+        }
+        // O += P V: kValueKeys keys at a time, every KV head
+        for (int j0 = 0; j0 < bk; j0 += kValueKeys) {
+          const int j1 = std::min(bk, j0 + kValueKeys);
+          for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+            for (int jj = j0; jj < std::min(j1, na); ++jj)
+              prefetch_l2(static_cast<const T*>(a.v) + ahead[jj] * kv_tok + hkv * D, slice_bytes);
+            const T* vbase = static_cast<const T*>(a.v) + hkv * D;
+            for (int64_t g0 = 0; g0 < G; g0 += 4)
+              Policy::accumulate(O, hkv * G + g0, static_cast<int>(std::min<int64_t>(4, G - g0)), P, vbase, row, j0, j1,
+                                 kv_tok, D);
           }
         }
       }
       for (int64_t h = 0; h < H; ++h) {
-        const int64_t grp = b * a.heads_kv + h / G, g = h % G;
+        const int64_t grp = b * Hkv + h / G, g = h % G;
         float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
         part[0] = mx[h];
-        part[1] = l[h];
-        for (int64_t d = 0; d < Dp; ++d) part[2 + d] = O[h * Dp + d];
+        part[1] = S::reduce_add(S::load(lsum + h * W));
+        std::copy(O + h * ostride, O + (h + 1) * ostride, part + 2);
       }
     }
-    asm volatile("" : : "r"(touched));  // the touches are loads the compiler must not drop
   });
   // merge the splits of each (sequence, head): in a stack buffer, or for a head_dim above
   // 1024 in the thread's scratch (free again once the region above is done)
@@ -476,26 +472,26 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
     float l = 0.f;
-    for (int64_t d = 0; d < Dp; ++d) acc[d] = 0.f;
+    std::fill(acc, acc + ostride, 0.f);
     for (int64_t sp = 0; sp < splits; ++sp) {
       const float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
       if (part[1] == 0.f) continue;
       const float w = std::exp(part[0] - m);
       l += part[1] * w;
-      for (int64_t d = 0; d < Dp; ++d) acc[d] += part[2 + d] * w;
+      for (int64_t d = 0; d < ostride; ++d) acc[d] += part[2 + d] * w;
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int64_t b = grp / a.heads_kv, hkv = grp % a.heads_kv;
+    const int64_t b = grp / Hkv, hkv = grp % Hkv;
     T* dst = static_cast<T*>(a.o) + (a.q_begin[b] * a.heads + hkv * G + g) * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[d] * inv);
+    for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[Policy::o_index(d)] * inv);
   };
   tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {
     for (int64_t hg = h0; hg < h1; ++hg) {
-      if (Dp <= 1024) {
+      if (ostride <= 1024) {
         float acc[1024];
         merge(hg, acc);
       } else {
-        merge(hg, scratch(static_cast<size_t>(Dp), 0));
+        merge(hg, scratch(static_cast<size_t>(ostride), 0));
       }
     }
   });

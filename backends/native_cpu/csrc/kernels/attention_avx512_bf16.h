@@ -31,31 +31,96 @@ inline void decode_scores_bf16(const uint16_t* const qr[4], const uint16_t* cons
   }
 }
 
-// attention_decode's Scores for bfloat16 (see FloatDecodeScores): the query rows are kept
-// unscaled (exact in bf16), zero-padded to whole vectors of 32.
-struct Avx512Bf16DecodeScores {
-  static constexpr bool kOwnQuery = true;
-  struct Query {
-    uint16_t* rows;  // [H][stride]
-    int64_t stride;
-  };
-  static Query alloc_query(int64_t heads, int64_t head_dim) {
-    const int64_t stride = (head_dim + 31) / 32 * 32;
-    return {reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(heads * stride / 2 + 16), 1)), stride};
+// attention_decode's policy for bfloat16 (see FloatDecode). The query rows are kept
+// unscaled (exact in bf16), zero-padded to whole vectors of 32, and the scores are scaled
+// afterwards. P V runs on vdpbf16ps too: the probabilities are rounded to bfloat16 pairs
+// of keys (as a bf16 matmul of softmax's output rounds them; sums stay float), and two
+// value rows are interleaved into pairs by vpunpck{l,h}wd, which works within 128-bit
+// lanes: the 16 channels of one vector come out as 8L + w (lo) and 8L + 4 + w (hi) for lane
+// L and word w. Rows of O keep that order in each run of 32 channels (o_index), and only
+// the final write puts channels back in order. (Half the instructions of float P V, where
+// each value needed widening and a float FMA per head.)
+struct Avx512Bf16Decode {
+  static constexpr bool kScaled = false;
+  static int64_t padded(int64_t D) { return (D + 31) / 32 * 32; }
+  static int64_t query_floats(int64_t H, int64_t D) { return H * padded(D) / 2; }
+  template <class T>
+  static void load_query(float* q, int64_t h, const T* src, int64_t D, float) {
+    auto* row = reinterpret_cast<uint16_t*>(q) + h * padded(D);
+    std::memcpy(row, src, static_cast<size_t>(D) * 2);
+    std::fill(row + D, row + padded(D), uint16_t{0});
   }
   template <class T>
-  static void load_query(const Query& q, int64_t h, const T* src, int64_t D) {
-    for (int64_t d = 0; d < q.stride; ++d)
-      q.rows[h * q.stride + d] = d < D ? reinterpret_cast<const uint16_t*>(src)[d] : uint16_t{0};
-  }
-  // acc[jj][i]: key kr[jj] with query head first_head + i (heads past `heads` repeat the last)
-  template <class T>
-  static void block(const Query& q, int64_t first_head, int heads, const T* const kr[4], int64_t D, F acc[4][4]) {
+  static void scores(const float* q, int64_t h0, int gn, const T* const kr[4], int64_t D, F acc[4][4]) {
     const uint16_t* qb[4];
     const uint16_t* kb[4];
-    for (int i = 0; i < 4; ++i) qb[i] = q.rows + (first_head + std::min(i, heads - 1)) * q.stride;
+    for (int i = 0; i < 4; ++i) qb[i] = reinterpret_cast<const uint16_t*>(q) + (h0 + std::min(i, gn - 1)) * padded(D);
     for (int jj = 0; jj < 4; ++jj) kb[jj] = reinterpret_cast<const uint16_t*>(kr[jj]);
     decode_scores_bf16(qb, kb, D, acc);
+  }
+  static int64_t o_stride(int64_t D) { return padded(D); }
+  static int64_t o_index(int64_t d) {
+    const int64_t r = d % 32;
+    return d - r + 16 * (r % 8 / 4) + 4 * (r / 8) + r % 4;
+  }
+  static int64_t prob_floats(int64_t H) { return H * W / 2; }
+  static void store_probs(float* P, int64_t h, F p) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + h * W / 2), (__m256i)_mm512_cvtneps_pbh(p));
+  }
+  // O rows h0 .. h0 + gn - 1 += P V over keys j0 (even) <= j < j1: 64 channels (4 vectors
+  // a head) at a time, a pair of keys per vdpbf16ps; a dead key's half of a pair is zero
+  template <class T>
+  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
+                         int64_t kv_tok, int64_t D) {
+    const int64_t Dp = padded(D);
+    const auto* pp = reinterpret_cast<const uint32_t*>(P);
+    int64_t d0 = 0;
+    for (; d0 + 64 <= Dp; d0 += 64) accumulate_columns<2>(O, h0, gn, pp, vbase, row, j0, j1, kv_tok, D, d0);
+    if (d0 < Dp) accumulate_columns<1>(O, h0, gn, pp, vbase, row, j0, j1, kv_tok, D, d0);
+  }
+  template <int NC, class T>  // NC runs of 32 channels from d0
+  static void accumulate_columns(float* O, int64_t h0, int gn, const uint32_t* pp, const T* vbase, const int64_t* row, int j0,
+                                 int j1, int64_t kv_tok, int64_t D, int64_t d0) {
+    const int64_t Dp = padded(D);
+    const uint32_t* prow[4];
+    float* orow[4];
+    F acc[4][2 * NC];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const int64_t h = h0 + std::min(i, gn - 1);
+      prow[i] = pp + h * W / 2;
+      orow[i] = O + h * Dp + d0;
+#pragma GCC unroll 4
+      for (int v = 0; v < 2 * NC; ++v) acc[i][v] = _mm512_loadu_ps(orow[i] + 16 * v);
+    }
+    __mmask32 mk[NC];
+    for (int c = 0; c < NC; ++c) {
+      const int64_t left = D - d0 - 32 * c;
+      mk[c] = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << left) - 1);
+    }
+    // a dead key's half of a pair reads zeros (a branch here made GCC keep acc in memory)
+    alignas(64) static constexpr uint16_t kZeros[64] = {};
+    for (int j = j0; j < j1; j += 2) {
+      const auto* r0 = reinterpret_cast<const uint16_t*>(vbase + row[j] * kv_tok + d0);
+      const auto* r1 = j + 1 < j1 ? reinterpret_cast<const uint16_t*>(vbase + row[j + 1] * kv_tok + d0) : kZeros;
+#pragma GCC unroll 2
+      for (int c = 0; c < NC; ++c) {
+        const __m512i a = _mm512_maskz_loadu_epi16(mk[c], r0 + 32 * c);
+        const __m512i b = _mm512_maskz_loadu_epi16(mk[c], r1 + 32 * c);
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m512bh pj = (__m512bh)_mm512_set1_epi32(static_cast<int>(prow[i][j / 2]));
+          acc[i][2 * c] = _mm512_dpbf16_ps(acc[i][2 * c], pj, lo);
+          acc[i][2 * c + 1] = _mm512_dpbf16_ps(acc[i][2 * c + 1], pj, hi);
+        }
+      }
+    }
+    // a dead head repeats the last live one (see FloatDecode::accumulate)
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < 2 * NC; ++v) _mm512_storeu_ps(orow[i] + 16 * v, acc[i][v]);
   }
 };
 
@@ -189,6 +254,6 @@ struct Avx512Bf16PrefillScores {
 };
 
 inline void register_attention_avx512_bf16(tnc::KernelTable& t) {
-  t.replace<tnc::AttentionArgs>("attention_decode", tnc::DType::bf16, attention_decode<bf16_t, Avx512Bf16DecodeScores>);
+  t.replace<tnc::AttentionArgs>("attention_decode", tnc::DType::bf16, attention_decode<bf16_t, Avx512Bf16Decode>);
   t.replace<tnc::AttentionArgs>("attention", tnc::DType::bf16, attention<bf16_t, Avx512Bf16PrefillScores>);
 }
