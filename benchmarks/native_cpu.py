@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from tileops.serving import huge_page_empty, huge_pages_available
 from tileops_native_cpu import builders as nb
 from tileops_native_cpu.builders import BUILDERS
 
@@ -409,10 +410,20 @@ def serving_attention(add: Callable[..., None]) -> None:
                                            enable_gqa=True)
         return o[:, :, 0]
 
+    decode_bytes = (2 * batch * n * heads_kv * dim + 2 * qd.numel()) * 2 + 4 * pages.numel()
     add("GQA decode paged", "8 x 4096 tokens p64 bf16", [qd, kc, vc, seqlens, pages], paged_decode_eager,
         BUILDERS["GroupedQueryAttentionDecodePagedWithKVCacheFwdOp"],
         dict(page_size=page, sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1),
-        bytes=(2 * batch * n * heads_kv * dim + 2 * qd.numel()) * 2 + 4 * pages.numel(), target_eager=1.5, bandwidth="read")
+        bytes=decode_bytes, target_eager=1.5, bandwidth="read")
+    # the same cache where PagedKVCache(huge_pages=True) puts it: on 2 MiB pages, as the
+    # read probe's buffer is (a 4 KiB page holds two rows of K here)
+    if huge_pages_available():
+        kh, vh = huge_page_empty(kc.shape, bf), huge_page_empty(vc.shape, bf)
+        kh.copy_(kc), vh.copy_(vc)
+        add("GQA decode paged", "8 x 4096 tokens p64 bf16, huge pages", [qd, kh, vh, seqlens, pages], paged_decode_eager,
+            BUILDERS["GroupedQueryAttentionDecodePagedWithKVCacheFwdOp"],
+            dict(page_size=page, sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1),
+            bytes=decode_bytes, target_eager=1.5, bandwidth="read")
 
     # paged prefill: a 256-token chunk after 2048 cached tokens (appended, then attended)
     chunk, cached = 256, 2048
