@@ -415,20 +415,19 @@ def serving_attention(add: Callable[..., None]) -> None:
                                            enable_gqa=True)
         return o[:, :, 0]
 
-    decode_bytes = (2 * batch * n * heads_kv * dim + 2 * qd.numel()) * 2 + 4 * pages.numel()
-    add("GQA decode paged", "8 x 4096 tokens p64 bf16", [qd, kc, vc, seqlens, pages], paged_decode_eager,
-        BUILDERS["GroupedQueryAttentionDecodePagedWithKVCacheFwdOp"],
-        dict(page_size=page, sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1),
-        bytes=decode_bytes, target_eager=1.5, bandwidth="read")
-    # the same cache where PagedKVCache(huge_pages=True) puts it: on 2 MiB pages, as the
+    # and the same cache where PagedKVCache(huge_pages=True) puts it: on 2 MiB pages, as the
     # read probe's buffer is (a 4 KiB page holds two rows of K here)
+    caches = [("8 x 4096 tokens p64 bf16", kc, vc)]
     if huge_pages_available():
         kh, vh = huge_page_empty(kc.shape, bf), huge_page_empty(vc.shape, bf)
         kh.copy_(kc), vh.copy_(vc)
-        add("GQA decode paged", "8 x 4096 tokens p64 bf16, huge pages", [qd, kh, vh, seqlens, pages], paged_decode_eager,
+        caches.append(("8 x 4096 tokens p64 bf16, huge pages", kh, vh))
+    for label, k_cache, v_cache in caches:
+        add("GQA decode paged", label, [qd, k_cache, v_cache, seqlens, pages], paged_decode_eager,
             BUILDERS["GroupedQueryAttentionDecodePagedWithKVCacheFwdOp"],
             dict(page_size=page, sm_scale=dim**-0.5, softcap=0.0, window_size_left=-1),
-            bytes=decode_bytes, target_eager=1.5, bandwidth="read")
+            bytes=(2 * batch * n * heads_kv * dim + 2 * qd.numel()) * 2 + 4 * pages.numel(), target_eager=1.5,
+            bandwidth="read")
 
     # paged prefill: a 256-token chunk after 2048 cached tokens (appended, then attended)
     chunk, cached = 256, 2048

@@ -340,7 +340,7 @@ def machine(threads: int) -> dict[str, float]:
     # slow repeats would lower the bar); the bandwidths here are for the header only, the
     # targets use the probes each process runs beside each case
     for kind in ("read", "copy", "copy_stream"):
-        m[kind] = max(C.probe_bandwidth(kind, 256, threads, 9))
+        m[kind] = bandwidth((kind,), threads, 9)
     try:
         m["bf16"] = max(C.probe_bf16_peak(threads, 9))
     except ValueError:
