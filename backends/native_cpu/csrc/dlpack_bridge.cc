@@ -210,7 +210,17 @@ PyObject* new_cached_tensor(OutputBlock block, int ndim, const int64_t* shape, D
 
 }  // namespace
 
+OutputTap*& output_tap() {
+  thread_local OutputTap* tap = nullptr;
+  return tap;
+}
+
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
+  if (OutputTap* tap = output_tap()) return tap->output(ndim, shape, dtype, data);
+  return allocate_tensor(ndim, shape, dtype, data);
+}
+
+PyObject* allocate_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
   if (g_api != nullptr && !g_force_fallback) {
     const int64_t bytes = byte_size(ndim, shape, dtype);
     const OutputBlock block = output_cache_take(static_cast<size_t>(bytes));
