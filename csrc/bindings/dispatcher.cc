@@ -69,6 +69,10 @@ PyObject* call_no_args(PyObject* function) {
   return PyObject_CallNoArgs(function);
 }
 
+// The innermost dispatch modes that only watch (tileops.integrations.transformers' check
+// of a kernel tape's recording): ops under them run their kernels as in eager.
+long g_watching_modes = 0;
+
 bool tracer_active() {
   PyObject* on = call_no_args(g_torch.function_mode_enabled);
   if (!on) throw nb::python_error();
@@ -79,7 +83,7 @@ bool tracer_active() {
   if (!depth) throw nb::python_error();
   const long length = PyLong_AsLong(depth);
   Py_DECREF(depth);
-  return length != 0;
+  return length > g_watching_modes;
 }
 
 bool compact(const dlpack::Tensor& view) {
@@ -506,6 +510,9 @@ void bind_dispatcher(nb::module_& m) {
         return g_torch.exchange != nullptr;
       },
       "Hands the hot path what it reads from torch; returns whether DLPack exchange is used.");
+  m.def(
+      "set_watching_modes", [](long n) { g_watching_modes = n < 0 ? 0 : n; },
+      "How many of the innermost torch dispatch modes only watch: ops under them are not traced.");
   m.def(
       "set_host_values_reader", [](nb::handle reader) { g_torch.host_values = reader.inc_ref().ptr(); },
       "t -> (keep-alive, host data pointer or 0, bits, is_int, shape, strides), for value rules.");

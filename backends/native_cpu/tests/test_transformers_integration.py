@@ -400,6 +400,58 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
     _close(steps, ref_steps, torch.bfloat16, f"{arch} decode after growth")
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
+def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch, monkeypatch):
+    """Decode steps replayed from a native_cpu kernel tape (_replay.py) give the logits of
+    the same steps run by the fused loop, bit for bit: one sequence, 40 steps over page
+    boundaries, a wider block table and a pool that grows mid-decode (each of which makes
+    the next step record anew). A left-padded batch of two is not replayed (torch copies
+    the strided query heads between the kernels: the watch discards its recordings) and
+    gives the loop's bits too."""
+    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
+    model = _model(arch, max_position_embeddings=512)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(1, 128, (2, 250), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, :9] = 0
+    hf.enable(model, target=TARGET)
+    fused = model.model._tileops.fused
+    replay = fused.replay
+    assert replay is not None
+    for rows in (slice(1, 2), slice(0, 2)):
+        fused.replay = None
+        _, looped, tokens = _teacher_forced(model, ids[rows], mask[rows], steps=40)
+        fused.replay = replay
+        _, replayed, _ = _teacher_forced(model, ids[rows], mask[rows], tokens, steps=40)
+        assert torch.equal(replayed, looped)
+    assert replay.replays >= 30 and 1 not in replay.refused
+    assert "torch computed between the kernels: aten.clone" in replay.refused[2]
+
+
+def test_a_replayed_step_is_as_checked_as_a_called_one():
+    """A replay runs each kernel's own checks on what its tensors hold now: a position past
+    the RoPE tables is refused at the replay, not read out of bounds."""
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        for _ in range(3):
+            out = model(input_ids=ids[:, :1], use_cache=True, **{_cache_kw(model): _cache(out)})
+        replay = model.model._tileops.fused.replay
+        assert replay.replays == 2  # the first decode step recorded the tape, the next two replayed it
+        replay.inputs[1].fill_(10**6)  # a position no RoPE table holds
+        with pytest.raises(IndexError, match="position_ids must lie in"):
+            replay.tape.replay()
+
+
+def test_replay_is_off_where_tileops_decode_replay_is_0(monkeypatch):
+    monkeypatch.setenv("TILEOPS_DECODE_REPLAY", "0")
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    assert model.model._tileops.fused.replay is None
+
+
 def _spy(method, calls):
     def spied(self, *args):
         calls.append(args)

@@ -138,10 +138,7 @@ class TileopsCache(Cache):
         reserved, lengths advanced, tensors made), reused by the others."""
         batch = k.shape[0]
         if layer.seen == self.seen:  # the first layer of a new forward
-            cached = self.lengths(batch)
-            counts = new_token_counts(attention_mask, batch, q_len, cached)
-            self.step = self._begin(q_len, counts, cached, k)
-            self.seen += q_len
+            self._start(batch, q_len, attention_mask, k)
         elif (self.step is None or layer.seen + q_len != self.seen or self.step.q_len != q_len
               or len(self.step.counts) != batch):
             raise RuntimeError(
@@ -153,27 +150,55 @@ class TileopsCache(Cache):
         layer.is_initialized = True
         return self.step
 
-    def _begin(self, q_len: int, counts: list[int], cached: list[int], k: torch.Tensor) -> Step:
-        device = k.device
+    def begin_forward(self, batch: int, q_len: int, attention_mask: torch.Tensor | None) -> Step:
+        """The step of a forward on a cache that holds a forward already, begun before its
+        layers run (a replayed decode step, ``_replay.py``); then ``layers_ran``."""
+        if self.paged is None:
+            raise RuntimeError("TileopsCache.begin_forward: the cache's first forward makes its pools (step_for)")
+        return self._start(batch, q_len, attention_mask, None)
+
+    def layers_ran(self, q_len: int) -> None:
+        """Every layer has run the forward ``begin_forward`` began."""
+        for layer in self.layers:
+            layer.seen += q_len
+            layer.is_initialized = True
+
+    def _start(self, batch: int, q_len: int, attention_mask: torch.Tensor | None, k: torch.Tensor | None) -> Step:
+        cached = self.lengths(batch)
+        counts = new_token_counts(attention_mask, batch, q_len, cached)
+        self.step = self._begin(q_len, counts, cached, k)
+        self.seen += q_len
+        return self.step
+
+    def _begin(self, q_len: int, counts: list[int], cached: list[int], k: torch.Tensor | None) -> Step:
         if self.paged is None:
             self._make(len(counts), k, max(counts))
+        device = self.paged.device
         need = self.paged.pages_needed(self.seqs, counts)
         if need > self.paged.num_free_pages:
             held = self.paged.num_pages - self.paged.num_free_pages
             self.paged.grow(max(2 * self.paged.num_pages, held + need))
         changed = self.paged.reserve(self.seqs, counts)
         self.paged.advance(self.seqs, counts)
-        last = self.step
-        if last is not None and not changed and last.counts == tuple(counts) and len(last.counts) == len(self.seqs):
-            table, cu = last.block_table, last.cu_seqlens_q  # the same pages and chunk shape
+        # A step of the batch before reuses its tensors, updated in place where they change:
+        # a replayed decode step reads the ones its tape recorded.
+        last = self.step if self.step is not None and len(self.step.counts) == len(self.seqs) else None
+        same_chunks = last is not None and last.counts == tuple(counts)
+        cu = last.cu_seqlens_q if same_chunks else PagedKVCache.cu_seqlens(counts, device)
+        if same_chunks and not changed:
+            table = last.block_table  # the same pages
         else:
             widest = max(len(self.paged.pages(s)) for s in self.seqs)
             width = MIN_TABLE_WIDTH
             while width < widest:
                 width *= 2
             table = self.paged.block_table(self.seqs, max_pages=width)
-            cu = PagedKVCache.cu_seqlens(counts, device)
-        return Step(q_len, tuple(counts), tuple(cached), cu, torch.tensor(cached, dtype=I32, device=device), table)
+            if last is not None and last.block_table.shape == table.shape:
+                table = last.block_table.copy_(table)
+        lengths = torch.tensor(cached, dtype=I32, device=device)
+        if last is not None:
+            lengths = last.cache_seqlens.copy_(lengths)
+        return Step(q_len, tuple(counts), tuple(cached), cu, lengths, table)
 
     def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
         # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.

@@ -22,6 +22,10 @@ The loop runs only where transformers' forward would add nothing to it:
 - a 2-D padding mask, or none (a dict of them, as ``generate`` prepares for some models);
 - input ids or embeddings, and no argument it does not know.
 Any other call runs transformers' forward over the same patched modules.
+
+A decode step (one token per sequence, on a cache) goes through ``DecodeReplay``
+(``_replay.py``), which replays the layers' kernel calls from a native_cpu tape where
+that is safe and runs ``layers_forward`` otherwise.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from transformers.utils import ModelOutput
 from ._attention import padding_mask
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
 from ._fusion import norm_eps, norm_weight
+from ._replay import DecodeReplay, replay_wanted
 
 __all__ = ["FusedModel", "plan_fused_model"]
 
@@ -55,6 +60,7 @@ class FusedModel:
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
         self.output = _output_class(base)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
+        self.replay = DecodeReplay(self) if all(gated) and replay_wanted() else None
 
     def accepts(self, kwargs: dict) -> bool:
         if any(k not in _KNOWN for k in kwargs):
@@ -89,7 +95,17 @@ class FusedModel:
         batch, q_len = h.shape[:2]
         masks = self._masks(attention_mask, q_len)
         pos = positions_of(self.layers[0].self_attn, position_ids, batch, q_len)  # one check for all layers
-        residual = h.reshape(batch * q_len, -1).contiguous()
+        rows = h.reshape(batch * q_len, -1)
+        if q_len == 1 and self.replay is not None and cache is not None:  # a decode step
+            x = self.replay.step(cache, rows, pos, masks, batch)
+        else:
+            x = self.layers_forward(rows.contiguous(), pos, masks, cache, batch, q_len)
+        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
+        return out.to_tuple() if return_dict is False else out
+
+    def layers_forward(self, residual: torch.Tensor, pos: torch.Tensor, masks: list[torch.Tensor | None], cache: Any,
+                       batch: int, q_len: int) -> torch.Tensor:
+        """The decoder layers and the final norm on the embeddings as rows ``[B * S, hidden]``."""
         x = rmsnorm_forward(self.layers[0].input_layernorm, residual)
         for i, layer in enumerate(self.layers):
             st, attn = layer._tileops, layer.self_attn
@@ -105,8 +121,7 @@ class FusedModel:
                 m = rmsnorm_forward(layer.post_feedforward_layernorm, m)
             add_norm, into = self.into[i]
             x, residual = add_norm(m, residual, norm_weight(into))
-        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
-        return out.to_tuple() if return_dict is False else out
+        return x
 
     def _masks(self, attention_mask: Any, q_len: int) -> list[torch.Tensor | None]:
         """Each layer's padding mask as tileops attention takes it (None: nothing padded)."""

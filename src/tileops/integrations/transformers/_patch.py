@@ -286,6 +286,7 @@ def _memo(make: Any) -> Any:
             made[key] = make(*key)
         return made[key]
 
+    get.made = made  # the ops made so far (_replay.py asks where they run)
     return get
 
 

@@ -1,0 +1,175 @@
+"""Decode steps replayed from a tape of native_cpu kernel calls.
+
+A decode step of the fused loop (``_fused_model.py``) is about ten op calls per layer
+around one token per sequence. Each call is microseconds of Python (the loop, the op
+layer, the kernel object's argument checks) around a kernel that, but for the GEMVs,
+computes less than that: on hf_profile.py's model as deep but tiny, the Python was about
+two thirds of a step.
+
+native_cpu records the kernel calls of a stretch of Python on a tape and replays them
+from C++ (``tileops_native_cpu.kernel_tape``; backends/native_cpu/csrc/bind/tape.h): the
+same kernels on the same tensors, each call checked by its kernel as any call is
+(lengths against pages, positions against the RoPE tables). So a decode step here is:
+
+- the first decode step on a cache runs the loop while the tape records, on inputs the
+  tape owns: copies of the step's embeddings and positions; the cache updates its lengths
+  and block table in place (``TileopsCache._begin``);
+- every later step copies its embeddings and positions into those, does the cache's
+  bookkeeping (``begin_forward``, ``layers_ran``) and replays the tape, whose last norm
+  writes the step's output (returned as a copy: the next replay overwrites it).
+
+A tape serves while what it recorded holds: the same cache, pools (a pool that grows is
+new memory), block table and lengths tensors, and batch. Otherwise the step records anew.
+It records only where that is safe:
+
+- every op the loop calls runs on native_cpu (a tape holds native_cpu kernels only);
+- nothing but those kernels computes in the recorded stretch: a torch dispatch mode
+  watches it, and any torch operator but a view or an allocation (a copy that
+  ``contiguous()`` made, say) discards the tape. The step itself was computed as usual
+  either way; after three discarded recordings at a batch size the model stops trying at
+  that size and says why in ``DecodeReplay.refused``. (A batch of several sequences is
+  one today: the op layer copies the query heads, a strided view of the stacked q/k/v
+  projection, into a contiguous tensor for RoPE. One sequence's heads are contiguous.)
+
+The results are the same bits as the loop's: the same kernels on the same values.
+``TILEOPS_DECODE_REPLAY=0`` at enable turns replay off.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tileops import _C
+from tileops.ops.op import Op
+
+from ._cache import TileopsCache
+
+__all__ = ["DecodeReplay", "replay_wanted"]
+
+TARGET = "native_cpu"
+ATTEMPTS = 3  # discarded recordings before a model stops recording
+_ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_strided}
+
+
+def _no_cache() -> None:
+    return None
+
+
+def replay_wanted() -> bool:
+    return os.environ.get("TILEOPS_DECODE_REPLAY", "1") != "0"
+
+
+class _OnlyViews(TorchDispatchMode):
+    """Notes every torch operator that computes (not a view, not an allocation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computed: list[str] = []
+
+    def __enter__(self) -> _OnlyViews:
+        entered = super().__enter__()
+        _C.set_watching_modes(1)  # tileops ops under it run their kernels, as in eager: not traced
+        return entered
+
+    def __exit__(self, *exc: object) -> None:
+        _C.set_watching_modes(0)
+        super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket not in _ALLOCATIONS:
+            self.computed.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class DecodeReplay:
+    """The tape of one fused model's decode step, recorded and replayed."""
+
+    def __init__(self, fused: Any) -> None:
+        self.fused = fused
+        self.tape: Any = None
+        self.inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (embeddings rows, positions) it reads
+        self.output: torch.Tensor | None = None  # the rows its last norm writes
+        self.key: tuple = ()
+        self.cache: Any = _no_cache  # a weak reference to the cache it recorded on
+        self.discarded: collections.Counter[int] = collections.Counter()  # per batch size
+        self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
+        self.replays = 0  # steps replayed (for tests and benchmarks)
+
+    def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int) -> torch.Tensor:
+        """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``."""
+        fused = self.fused
+        if batch in self.refused or not isinstance(cache, TileopsCache) or cache.paged is None or rows.device.type != "cpu":
+            return fused.layers_forward(rows.contiguous(), pos, masks, cache, batch, 1)
+        step = cache.begin_forward(batch, 1, masks[0])
+        key = (cache.paged, cache.paged.num_pages, step.block_table, step.cache_seqlens, step.cu_seqlens_q, rows.dtype,
+               batch)
+        if (self.tape is not None and self.cache() is cache and len(key) == len(self.key)
+                and all(a is b for a, b in zip(key, self.key))):
+            h, p = self.inputs
+            h.copy_(rows)
+            p.copy_(pos)
+            cache.layers_ran(1)
+            self.tape.replay()
+            self.replays += 1
+            return self.output.clone()
+        return self._record(cache, rows, pos, masks, batch, key)
+
+    def _record(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
+                key: tuple) -> torch.Tensor:
+        try:
+            from tileops_native_cpu import kernel_tape  # noqa: PLC0415 - only where native_cpu serves the model
+        except ImportError:
+            self.refused[batch] = f"{TARGET} (pip install tileops-native-cpu) is not installed"
+            return self.fused.layers_forward(rows.contiguous(), pos, masks, cache, batch, 1)
+        self.drop()
+        h, p = rows.clone(), pos.clone()
+        tape, watch = kernel_tape(), _OnlyViews()
+        with watch, tape:
+            x = self.fused.layers_forward(h, p, masks, cache, batch, 1)
+        elsewhere = sorted({f"{type(op).__name__} on {op.settled_target}" for op in self._ops()
+                            if op.settled_target not in (None, TARGET)})
+        if elsewhere:
+            self.refused[batch] = f"ops run elsewhere than {TARGET}: {', '.join(elsewhere)}"
+        elif watch.computed:
+            self.discarded[batch] += 1
+            if self.discarded[batch] >= ATTEMPTS:
+                self.refused[batch] = f"torch computed between the kernels: {', '.join(sorted(set(watch.computed)))}"
+        else:
+            self.tape, self.inputs, self.output, self.key = tape, (h, p), x, key
+            self.cache = weakref.ref(cache, self._cache_gone)  # the tape holds its pools: let them go with it
+        return x.clone()
+
+    def drop(self) -> None:
+        """Forgets the tape (and the tensors it holds)."""
+        self.tape, self.inputs, self.output, self.key, self.cache = None, None, None, (), _no_cache
+
+    def _cache_gone(self, ref: weakref.ref) -> None:
+        if self.cache is ref:
+            self.drop()
+
+    def _ops(self) -> list[Op]:
+        """Every op the fused loop's modules hold (their states, stacked projections, the
+        attention ops made per shape) and the add-and-norm ops between the layers."""
+        found: list[Op] = [op for op, _ in self.fused.into]
+        todo: list[Any] = [m.__dict__.get("_tileops") for m in self.fused.submodules]
+        seen: set[int] = set()
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen or isinstance(obj, (torch.Tensor, torch.nn.Module, type)):
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, Op):
+                found.append(obj)
+            elif isinstance(obj, dict):
+                todo.extend(obj.values())
+            elif isinstance(obj, (list, tuple)):
+                todo.extend(obj)
+            elif hasattr(obj, "__dict__"):  # a state, a stacked projection, an op-per-shape memo's function
+                todo.extend(vars(obj).values())
+        return found
