@@ -11,7 +11,10 @@ wrapper's own cost (about a microsecond a call) lands in "outside the ops". GEMM
 split by shape, with the bandwidth their weight bytes imply (one row: a GEMV) or their
 GFLOP/s. The time outside the ops is split by where it falls (GAPS below). For scale,
 the same decode step of a model as deep but tiny (hidden 128: the same op calls and the
-same Python, on warm caches), and the machine's read bandwidth.
+same Python, on warm caches), and the machine's read bandwidth. Decode steps are timed
+twice, replayed from a native_cpu kernel tape (the default: docs/transformers.md) and
+through the fused loop; the per-op profile runs through the loop, since a replayed step
+makes no op calls.
 """
 
 from __future__ import annotations
@@ -104,13 +107,16 @@ def report(title: str, timer: OpTimer, total: float, per: int) -> None:
 
 
 @torch.no_grad()
-def tiny_decode_step(ids: torch.Tensor, steps: int) -> float:
+def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
     """Median seconds of a decode step of CONFIG's model at hidden 128 (same depth and
-    head_dim, so the same op calls and Python per step), enabled the same way."""
+    head_dim, so the same op calls and Python per step), enabled the same way; its steps
+    replayed from a kernel tape or run through the loop."""
     tiny = dict(CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2,
                 num_key_value_heads=1)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny)).to(torch.bfloat16).eval()
     enable(model, target=TARGET)
+    if not replay:
+        model.model._tileops.fused.replay = None
     out = model(ids % tiny["vocab_size"], use_cache=True)
     cache, tok, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
     for i in range(steps + 4):
@@ -150,14 +156,19 @@ def main() -> int:
             tok = out.logits[:, -1:].argmax(-1)
         return total
 
+    fused, replay = model.model._tileops.fused, model.model._tileops.fused.replay
     decode(4, None)  # kernels built
+    replayed = decode(args.steps, None) / args.steps
+    fused.replay = None  # the loop: a replayed step makes no op calls for the timers to see
     plain = decode(args.steps, None) / args.steps
-    warm = tiny_decode_step(ids, args.steps)
+    warm = [tiny_decode_step(ids, args.steps, r) for r in (True, False)]
     timer = OpTimer()
     timed = decode(args.steps, timer)
-    print(f"\ndecode step without the timers: {plain * 1e3:.2f} ms; the same step of a tiny model as deep "
-          f"(the op calls and Python alone, caches warm): {warm * 1e3:.2f} ms")
-    report(f"decode step (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
+    fused.replay = replay
+    print(f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a kernel tape, {plain * 1e3:.2f} ms "
+          f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
+          f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop")
+    report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
 
     long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
     for _ in range(2):

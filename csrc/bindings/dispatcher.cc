@@ -70,8 +70,9 @@ PyObject* call_no_args(PyObject* function) {
 }
 
 // The innermost dispatch modes that only watch (tileops.integrations.transformers' check
-// of a kernel tape's recording): ops under them run their kernels as in eager.
-long g_watching_modes = 0;
+// of a kernel tape's recording): ops under them run their kernels as in eager. Per
+// thread, as torch's mode stack is.
+thread_local long g_watching_modes = 0;
 
 bool tracer_active() {
   PyObject* on = call_no_args(g_torch.function_mode_enabled);
