@@ -403,11 +403,9 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch, monkeypatch):
     """Decode steps replayed from a native_cpu kernel tape (_replay.py) give the logits of
-    the same steps run by the fused loop, bit for bit: one sequence, 40 steps over page
-    boundaries, a wider block table and a pool that grows mid-decode (each of which makes
-    the next step record anew). A left-padded batch of two is not replayed (torch copies
-    the strided query heads between the kernels: the watch discards its recordings) and
-    gives the loop's bits too."""
+    the same steps run by the fused loop, bit for bit: 40 steps over page boundaries, a
+    wider block table and a pool that grows mid-decode (each of which makes the next step
+    record anew), for one sequence and for a left-padded batch of two."""
     monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
     model = _model(arch, max_position_embeddings=512)
     gen = torch.Generator().manual_seed(4)
@@ -424,8 +422,26 @@ def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch,
         fused.replay = replay
         _, replayed, _ = _teacher_forced(model, ids[rows], mask[rows], tokens, steps=40)
         assert torch.equal(replayed, looped)
-    assert replay.replays >= 30 and 1 not in replay.refused
-    assert "torch computed between the kernels: aten.clone" in replay.refused[2]
+    assert replay.replays >= 60 and not replay.refused
+
+
+def test_a_recording_in_which_torch_computed_is_discarded_and_the_step_stands(monkeypatch):
+    """Only kernel calls are replayed: where torch computes between them (here a copy of
+    the embeddings before the first norm), the watch discards the recording, the step
+    keeps the loop's result, and after three tries the batch size is not recorded again."""
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(False)
+    fused = model.model._tileops.fused
+    replay, fused.replay = fused.replay, None
+    _, looped, tokens = _teacher_forced(model, ids, mask, steps=6)
+    fused.replay = replay
+    norm = hf._fused_model.rmsnorm_forward
+    monkeypatch.setattr(hf._fused_model, "rmsnorm_forward", lambda module, x: norm(module, x.clone()))
+    _, watched, _ = _teacher_forced(model, ids, mask, tokens, steps=6)
+    assert torch.equal(watched, looped)
+    assert replay.replays == 0 and replay.discarded[2] == 3
+    assert replay.refused[2] == "torch computed between the kernels: aten.clone.default"
 
 
 def test_a_replayed_step_is_as_checked_as_a_called_one():

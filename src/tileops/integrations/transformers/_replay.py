@@ -27,9 +27,9 @@ It records only where that is safe:
   watches it, and any torch operator but a view or an allocation (a copy that
   ``contiguous()`` made, say) discards the tape. The step itself was computed as usual
   either way; after three discarded recordings at a batch size the model stops trying at
-  that size and says why in ``DecodeReplay.refused``. (A batch of several sequences is
-  one today: the op layer copies the query heads, a strided view of the stacked q/k/v
-  projection, into a contiguous tensor for RoPE. One sequence's heads are contiguous.)
+  that size and says why in ``DecodeReplay.refused``. (A batch's decode step runs its
+  q/k/v projections as one GEMM each, ``StackedLinear.each``, so that no copy of a strided
+  view runs between the kernels.)
 
 The results are the same bits as the loop's: the same kernels on the same values.
 ``TILEOPS_DECODE_REPLAY=0`` at enable turns replay off.
