@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import threading
 
 import pytest
 import torch
@@ -456,9 +457,36 @@ def test_a_replayed_step_is_as_checked_as_a_called_one():
             out = model(input_ids=ids[:, :1], use_cache=True, **{_cache_kw(model): _cache(out)})
         replay = model.model._tileops.fused.replay
         assert replay.replays == 2  # the first decode step recorded the tape, the next two replayed it
-        replay.inputs[1].fill_(10**6)  # a position no RoPE table holds
+        replay.recording.inputs[1].fill_(10**6)  # a position no RoPE table holds
         with pytest.raises(IndexError, match="position_ids must lie in"):
-            replay.tape.replay()
+            replay.recording.tape.replay()
+
+
+def test_threads_decoding_at_once_each_replay_their_own_tape():
+    """Two threads generate on one enabled model at once, each with its own cache: each
+    records and replays a tape of its own (its own outputs) and gets the tokens it gets
+    alone."""
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    prompts = [torch.randint(1, 128, (1, 10), generator=torch.Generator().manual_seed(s)) for s in (6, 7)]
+    kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        alone = [model.generate(p, **kw) for p in prompts]
+    replay = model.model._tileops.fused.replay
+    before, together, start = replay.replays, [None, None], threading.Barrier(2)
+
+    def run(i: int) -> None:
+        start.wait()
+        with torch.no_grad():
+            together[i] = model.generate(prompts[i], **kw)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+    assert replay.replays - before >= 2 * 20  # neither thread's recording displaced the other's
 
 
 def test_replay_is_off_where_tileops_decode_replay_is_0(monkeypatch):

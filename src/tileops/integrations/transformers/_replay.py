@@ -20,6 +20,8 @@ same kernels on the same tensors, each call checked by its kernel as any call is
 
 A tape serves while what it recorded holds: the same cache, pools (a pool that grows is
 new memory), block table and lengths tensors, and batch. Otherwise the step records anew.
+Each thread records and replays its own (``Recording``): threads that decode on one model
+at once, each on its own cache, do not share inputs or outputs.
 It records only where that is safe:
 
 - every op the loop calls runs on native_cpu (a tape holds native_cpu kernels only);
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -50,15 +53,11 @@ from tileops.ops.op import Op
 
 from ._cache import TileopsCache
 
-__all__ = ["DecodeReplay", "replay_wanted"]
+__all__ = ["DecodeReplay", "Recording", "replay_wanted"]
 
 TARGET = "native_cpu"
 ATTEMPTS = 3  # discarded recordings before a model stops recording
 _ALLOCATIONS = {torch.ops.aten.empty, torch.ops.aten.empty_strided}
-
-
-def _no_cache() -> None:
-    return None
 
 
 def replay_wanted() -> bool:
@@ -87,19 +86,38 @@ class _OnlyViews(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class Recording:
+    """One thread's tape of a decode step and what it reads and writes."""
+
+    def __init__(self, tape: Any, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor, key: tuple,
+                 cache: Any) -> None:
+        self.tape, self.inputs, self.output, self.key = tape, inputs, output, key  # inputs: (embeddings rows, positions)
+        self.cache = weakref.ref(cache, self._cache_gone)  # the tape holds its pools: let them go with it
+
+    def serves(self, cache: Any, key: tuple) -> bool:
+        return (self.tape is not None and self.cache() is cache and len(key) == len(self.key)
+                and all(a is b for a, b in zip(key, self.key)))
+
+    def _cache_gone(self, _: weakref.ref) -> None:
+        self.tape = self.inputs = self.output = None
+        self.key = ()
+
+
 class DecodeReplay:
-    """The tape of one fused model's decode step, recorded and replayed."""
+    """The tapes of one fused model's decode step, recorded and replayed: one per thread
+    (threads decoding at once each replay their own, on their own outputs)."""
 
     def __init__(self, fused: Any) -> None:
         self.fused = fused
-        self.tape: Any = None
-        self.inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (embeddings rows, positions) it reads
-        self.output: torch.Tensor | None = None  # the rows its last norm writes
-        self.key: tuple = ()
-        self.cache: Any = _no_cache  # a weak reference to the cache it recorded on
+        self._local = threading.local()  # .recording: this thread's Recording
         self.discarded: collections.Counter[int] = collections.Counter()  # per batch size
         self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
         self.replays = 0  # steps replayed (for tests and benchmarks)
+
+    @property
+    def recording(self) -> Recording | None:
+        """This thread's recording, if it has one."""
+        return getattr(self._local, "recording", None)
 
     def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int) -> torch.Tensor:
         """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``."""
@@ -109,15 +127,15 @@ class DecodeReplay:
         step = cache.begin_forward(batch, 1, masks[0])
         key = (cache.paged, cache.paged.num_pages, step.block_table, step.cache_seqlens, step.cu_seqlens_q, rows.dtype,
                batch)
-        if (self.tape is not None and self.cache() is cache and len(key) == len(self.key)
-                and all(a is b for a, b in zip(key, self.key))):
-            h, p = self.inputs
+        mine = self.recording
+        if mine is not None and mine.serves(cache, key):
+            h, p = mine.inputs
             h.copy_(rows)
             p.copy_(pos)
             cache.layers_ran(1)
-            self.tape.replay()
+            mine.tape.replay()
             self.replays += 1
-            return self.output.clone()
+            return mine.output.clone()
         return self._record(cache, rows, pos, masks, batch, key)
 
     def _record(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
@@ -127,7 +145,7 @@ class DecodeReplay:
         except ImportError:
             self.refused[batch] = f"{TARGET} (pip install tileops-native-cpu) is not installed"
             return self.fused.layers_forward(rows.contiguous(), pos, masks, cache, batch, 1)
-        self.drop()
+        self._local.recording = None  # the old tape's tensors go now, not after this one is made
         h, p = rows.clone(), pos.clone()
         tape, watch = kernel_tape(), _OnlyViews()
         with watch, tape:
@@ -141,17 +159,8 @@ class DecodeReplay:
             if self.discarded[batch] >= ATTEMPTS:
                 self.refused[batch] = f"torch computed between the kernels: {', '.join(sorted(set(watch.computed)))}"
         else:
-            self.tape, self.inputs, self.output, self.key = tape, (h, p), x, key
-            self.cache = weakref.ref(cache, self._cache_gone)  # the tape holds its pools: let them go with it
+            self._local.recording = Recording(tape, (h, p), x, key, cache)
         return x.clone()
-
-    def drop(self) -> None:
-        """Forgets the tape (and the tensors it holds)."""
-        self.tape, self.inputs, self.output, self.key, self.cache = None, None, None, (), _no_cache
-
-    def _cache_gone(self, ref: weakref.ref) -> None:
-        if self.cache is ref:
-            self.drop()
 
     def _ops(self) -> list[Op]:
         """Every op the fused loop's modules hold (their states, stacked projections, the
