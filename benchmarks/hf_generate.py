@@ -20,6 +20,8 @@ Per workload (prompt length P, batch B), with greedy decoding:
   bandwidth of a shared machine moves from minute to minute), times B tokens per step;
   and the share of it reached;
 - tileops' speed-ups over HF eager, prefill and decode.
+At the end: how many of tileops' decode steps were replayed from a native_cpu kernel tape
+(the default where it applies: docs/transformers.md).
 """
 
 from __future__ import annotations
@@ -154,6 +156,11 @@ def main() -> int:
             (pe, de), (pt, dt) = figures["HF eager"], figures["HF + tileops"]
             print(f"{'':<14} tileops vs HF eager: prefill {pt / pe:.2f}x, decode {dt / de:.2f}x")
             print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
+    fused = getattr(getattr(on_tileops.model, "_tileops", None), "fused", None)
+    replay = getattr(fused, "replay", None)
+    if replay is not None:  # decode steps replayed from a native_cpu kernel tape (docs/transformers.md)
+        refused = f"; not replayed at batch sizes {replay.refused}" if replay.refused else ""
+        print(f"\nHF + tileops decode steps replayed from a kernel tape: {replay.replays}{refused}")
     return 0
 
 
