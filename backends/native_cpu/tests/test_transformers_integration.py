@@ -385,12 +385,7 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
     """300 tokens (19 pages of 16), 37 of them padding in row 0, then 40 steps: the pool
     made at prefill (room for 16 more tokens here) runs out and is doubled mid-decode, and
     the block table widens past 16 pages."""
-    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
-    model = _model(arch, max_position_embeddings=512)
-    gen = torch.Generator().manual_seed(2)
-    ids = torch.randint(1, 128, (2, 300), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :37] = 0
+    model, ids, mask = _long_padded_prompt(arch, monkeypatch, length=300, pads=37, seed=2)
     ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask, steps=40)
     hf.enable(model, target=TARGET)
     grown = []
@@ -407,12 +402,7 @@ def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch,
     the same steps run by the fused loop, bit for bit: 40 steps over page boundaries, a
     wider block table and a pool that grows mid-decode (each of which makes the next step
     record anew), for one sequence and for a left-padded batch of two."""
-    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
-    model = _model(arch, max_position_embeddings=512)
-    gen = torch.Generator().manual_seed(4)
-    ids = torch.randint(1, 128, (2, 250), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, :9] = 0
+    model, ids, mask = _long_padded_prompt(arch, monkeypatch, length=250, pads=9, seed=4)
     hf.enable(model, target=TARGET)
     fused = model.model._tileops.fused
     replay = fused.replay
@@ -494,6 +484,17 @@ def test_replay_is_off_where_tileops_decode_replay_is_0(monkeypatch):
     model = _model("llama")
     hf.enable(model, target=TARGET)
     assert model.model._tileops.fused.replay is None
+
+
+def _long_padded_prompt(arch: str, monkeypatch, *, length: int, pads: int, seed: int):
+    """A model whose first pool holds 16 tokens past the prompt (so decoding grows it) and
+    a batch of two prompts of `length` tokens, the first with `pads` left pads."""
+    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
+    model = _model(arch, max_position_embeddings=512)
+    ids = torch.randint(1, 128, (2, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, :pads] = 0
+    return model, ids, mask
 
 
 def _spy(method, calls):

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <vector>
@@ -60,12 +61,15 @@ PyObject* run_call(PyObject* args, Kernel* k) {
   }
 }
 
+// Drops the references a recorded call holds.
+void release(RecordedCall& c) {
+  Py_DECREF(c.kernel);
+  Py_DECREF(c.args);
+  for (RecordedOutput& o : c.outputs) Py_DECREF(o.tensor);
+}
+
 void Tape::clear() {
-  for (RecordedCall& c : calls_) {
-    Py_DECREF(c.kernel);
-    Py_DECREF(c.args);
-    for (RecordedOutput& o : c.outputs) Py_DECREF(o.tensor);
-  }
+  for (RecordedCall& c : calls_) release(c);
   calls_.clear();
 }
 
@@ -91,11 +95,8 @@ PyObject* Tape::call(PyObject* self, Kernel* k, PyObject* args) {
   output_tap() = nullptr;
   current_ = nullptr;
   if (out == nullptr) {  // a failed call is not part of the recording
-    RecordedCall failed = std::move(calls_.back());
+    release(calls_.back());
     calls_.pop_back();
-    Py_DECREF(failed.kernel);
-    Py_DECREF(failed.args);
-    for (RecordedOutput& o : failed.outputs) Py_DECREF(o.tensor);
   }
   return out;
 }
@@ -111,7 +112,7 @@ PyObject* Tape::output(int ndim, const int64_t* shape, DType dtype, void** data)
   }
   const Kernel* k = nb::inst_ptr<Kernel>(current_->kernel);
   if (cursor_ >= current_->outputs.size() || current_->outputs[cursor_].dtype != dtype ||
-      current_->outputs[cursor_].shape != std::vector<int64_t>(shape, shape + ndim)) {
+      !std::equal(shape, shape + ndim, current_->outputs[cursor_].shape.begin(), current_->outputs[cursor_].shape.end())) {
     PyErr_Format(PyExc_ValueError, "tape replay: %s asked for an output the recording did not make (its inputs changed shape)",
                  k->description.c_str());
     return nullptr;

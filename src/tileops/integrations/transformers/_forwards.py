@@ -86,11 +86,11 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
             "(let the enabled model make its cache, or pass past_key_values=TileopsCache(config=model.config))"
         )
     dim, rows = self.head_dim, x.shape[0]
-    if getattr(st, "qkv", None) is not None and rows > 1 and q_len == 1:
-        # A batch's decode step: q, k and v each contiguous, so that no copy runs between
-        # the kernels (RoPE takes contiguous rows) and the step can be replayed (_replay.py).
-        q, k, v = (t.view(rows, -1, dim) for t in st.qkv.each(x))
-    elif getattr(st, "qkv", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
+    # A batch's decode step runs each projection on its own (over its rows of the stacked
+    # weight, when stacked): sliced from one output, q, k and v are strided when there are
+    # several rows and would be copied for RoPE between the kernels, which keeps the step
+    # from being replayed (_replay.py).
+    if getattr(st, "qkv", None) is not None and (rows == 1 or q_len > 1):  # one GEMM (_fusion.py)
         nq, nk, _ = st.qkv.sizes
         heads = st.qkv(x).view(rows, -1, dim)
         q, k, v = heads[:, : nq // dim], heads[:, nq // dim : (nq + nk) // dim], heads[:, (nq + nk) // dim :]

@@ -48,7 +48,6 @@ class StackedLinear:
         self.sizes = [m.out_features for m in linears]
         self.weight: torch.Tensor | None = None
         self.bias: torch.Tensor | None = None
-        self.parts: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # each module's rows of both
 
     def apply(self) -> None:
         with torch.no_grad():
@@ -59,7 +58,6 @@ class StackedLinear:
                 self.bias = torch.cat([m.bias.detach() for m in self.linears])
                 for m, view in zip(self.linears, self.bias.split(self.sizes)):
                     m.bias.data = view
-        self.parts = [(m.weight, m.bias) for m in self.linears]
 
     def undo(self) -> None:
         """Every parameter gets its own storage again (a copy of its rows)."""
@@ -69,18 +67,10 @@ class StackedLinear:
                 if m.bias is not None:
                     m.bias.data = m.bias.data.clone()
         self.weight = self.bias = None
-        self.parts = []
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         y = self.gemm(x, self.weight)
         return y if self.bias is None else self.add(y, self.bias)
-
-    def each(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """Each module's output on its own, ``[M, N_i]`` and contiguous: one GEMM per module
-        over its rows of the stacked weight. (Slices of ``__call__``'s output are strided
-        when M > 1; each output element is the same dot product either way.)"""
-        out = [self.gemm(x, w) for w, _ in self.parts]
-        return out if self.bias is None else [self.add(y, b) for y, (_, b) in zip(out, self.parts)]
 
 
 def _stackable(linears: list[Any], served: dict[int, str]) -> bool:

@@ -30,8 +30,8 @@ It records only where that is safe:
   ``contiguous()`` made, say) discards the tape. The step itself was computed as usual
   either way; after three discarded recordings at a batch size the model stops trying at
   that size and says why in ``DecodeReplay.refused``. (A batch's decode step runs its
-  q/k/v projections as one GEMM each, ``StackedLinear.each``, so that no copy of a strided
-  view runs between the kernels.)
+  q/k/v projections one by one, ``attention_rows``, so that no copy of a strided view runs
+  between the kernels.)
 
 The results are the same bits as the loop's: the same kernels on the same values.
 ``TILEOPS_DECODE_REPLAY=0`` at enable turns replay off.
@@ -95,8 +95,7 @@ class Recording:
         self.cache = weakref.ref(cache, self._cache_gone)  # the tape holds its pools: let them go with it
 
     def serves(self, cache: Any, key: tuple) -> bool:
-        return (self.tape is not None and self.cache() is cache and len(key) == len(self.key)
-                and all(a is b for a, b in zip(key, self.key)))
+        return self.tape is not None and self.cache() is cache and all(a is b for a, b in zip(key, self.key))
 
     def _cache_gone(self, _: weakref.ref) -> None:
         self.tape = self.inputs = self.output = None
