@@ -18,10 +18,16 @@ IsaBuild pick_build() {
   const std::string want = forced ? forced : "";
 #if defined(TNC_HAVE_X86_KERNELS)
   __builtin_cpu_init();
+#if defined(TNC_HAVE_AVX512_KERNELS)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  const IsaBuild avx512_build{"avx512", register_kernels_avx512};
+#else
+  const bool avx512 = false;  // built without it (TNC_AVX512=OFF)
+  const IsaBuild avx512_build{"avx512", register_kernels_baseline};
+#endif
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  const IsaBuild avx512_build{"avx512", register_kernels_avx512}, avx2_build{"avx2", register_kernels_avx2};
+  const IsaBuild avx2_build{"avx2", register_kernels_avx2};
   if (want == "baseline") return baseline;
   if (want == "avx2" && avx2) return avx2_build;
   if (want.empty() || want == "avx512") {
