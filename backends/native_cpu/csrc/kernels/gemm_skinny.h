@@ -97,6 +97,21 @@ inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, 
     for (int j = 0; j < NB; ++j) out[r][j] = S::reduce_add(kOddAcc ? S::add(acc[r][j], odd[r][j]) : acc[r][j]);
 }
 
+// Rows of A widened to float (values of T, kp a multiple of 2W), put in load_pair's lane
+// order within each block of 2W, as skinny_nt_block<..., Pairs> reads them: each block goes
+// back to T and through load_pair, as B's rows will (exact: T -> float -> T).
+template <class T>
+inline void to_pair_order(float* a, int64_t rows, int64_t kp) {
+  for (int64_t i = 0; i < rows * kp; i += 2 * W) {
+    T block[2 * W];
+    for (int e = 0; e < 2 * W; ++e) block[e] = tnc::from_float<T>(a[i + e]);
+    F even, odd;
+    load_pair(block, even, odd);
+    S::store(a + i, even);
+    S::store(a + i + W, odd);
+  }
+}
+
 template <class T, int MR>
 void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t j0, int64_t j1) {
   constexpr int NB = skinny_nt_rows<MR>();
@@ -173,17 +188,8 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
         for (int64_t kk = 0; kk < k; ++kk) dst[kk] = tnc::to_float(src[kk * g.a_col]);
       }
       for (int64_t kk = k; kk < kp; ++kk) dst[kk] = 0.f;
-      if (pairs) {  // each 2W block through load_pair, as B's rows will be (exact: T -> float -> T)
-        for (int64_t kk = 0; kk < kp; kk += 2 * W) {
-          T block[2 * W];
-          for (int i = 0; i < 2 * W; ++i) block[i] = tnc::from_float<T>(dst[kk + i]);
-          F even, odd;
-          load_pair(block, even, odd);
-          S::store(dst + kk, even);
-          S::store(dst + kk + W, odd);
-        }
-      }
     }
+    if (pairs) to_pair_order<T>(ap, m, kp);
     if (nt) {
       const int64_t ldb = g.b_col;
       // more than 8 rows: groups of 8 over sub-blocks of B rows small enough to stay in L2

@@ -151,18 +151,24 @@ inline U* moe_array(int64_t count, int slot) {
 }
 
 // The decode path's dots of two weight rows with up to kMoeDecodeTokens activation rows:
-// activations widened to float and zero-padded to whole vectors, the gemm family's
-// skinny_nt_block over the two rows (one accumulator per activation row and weight row).
+// activations widened to float and zero-padded to whole pairs of vectors, the gemm family's
+// skinny_nt_block over the two rows (one accumulator per activation row and weight row);
+// where the ISA reads T in pairs (bfloat16 on AVX2), activations go to pair order once
+// filled (arrange()).
 template <class T>
 struct WidenedDecodeRows {
   using A = float;
-  static int64_t padded(int64_t k) { return (k + W - 1) / W * W; }
+  static constexpr bool kPairs = kPairsPermute<T>;
+  static int64_t padded(int64_t k) { return (k + 2 * W - 1) / (2 * W) * (2 * W); }
   static A from_storage(T v) { return tnc::to_float(v); }
   static A rounded(float v) { return tnc::to_float(tnc::from_float<T>(v)); }
+  static void arrange(A* rows, int64_t count, int64_t kp) {
+    if constexpr (kPairs) to_pair_order<T>(rows, count, kp);
+  }
   // out[r][j]: activation row r with weight rows row and row + ldb (nb = 1: the first only)
   template <int MR>
   static void dot2(const A* ap, int64_t kp, const T* row, int64_t ldb, int64_t k, int nb, float out[MR][2]) {
-    skinny_nt_block<T, MR, 2>(ap, kp, row, ldb, k, nb, out);
+    skinny_nt_block<T, MR, 2, kPairs>(ap, kp, row, ldb, k, nb, out);
   }
 };
 
@@ -216,6 +222,7 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
       A* dst = xa + (u * kT + s) * kph;
       for (int64_t i = 0; i < kph; ++i) dst[i] = i < H ? Rows::from_storage(src[i]) : A{};
     }
+  for (int64_t u = 0; u < used; ++u) Rows::arrange(xa + u * kT * kph, count[u], kph);
   A* ha = reinterpret_cast<A*>(scratch(static_cast<size_t>(used * kT * kpf) * sizeof(A) / sizeof(float) + W, 1));
   for (int64_t r = 0; r < used * kT; ++r)
     for (int64_t i = Fz; i < kpf; ++i) ha[r * kpf + i] = A{};
@@ -260,6 +267,7 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
       }
     }
   });
+  for (int64_t u = 0; u < used; ++u) Rows::arrange(ha + u * kT * kpf, count[u], kpf);
   // down rows: each thread owns blocks of output columns and reads those rows of every
   // chosen expert's w_down (a forward run per expert), two rows at a time
   const int64_t col_blocks = (H + kMoeDownCols - 1) / kMoeDownCols;

@@ -20,6 +20,7 @@ struct Avx512Bf16DecodeRows {
   static int64_t padded(int64_t k) { return (k + 31) / 32 * 32; }
   static A from_storage(bf16_t v) { return v.bits; }
   static A rounded(float v) { return tnc::from_float<bf16_t>(v).bits; }
+  static void arrange(A*, int64_t, int64_t) {}  // in order as they are
   template <int MR>
   static void dot2(const A* ap, int64_t kp, const bf16_t* row, int64_t ldb, int64_t k, int nb, float out[MR][2]) {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row);
