@@ -16,13 +16,13 @@ constexpr int skinny_nt_rows() {
   return W >= 16 ? (MR <= 2 ? 8 : MR <= 4 ? 4 : 2) : (W >= 8 ? (MR <= 2 ? 4 : MR <= 4 ? 2 : 1) : (MR <= 4 ? 2 : 1));
 }
 
-// B's rows stream from memory as NB interleaved streams per block; the hardware prefetcher
-// alone left an AVX2 bfloat16 GEMV at about half the read bandwidth (11 of 21 GB/s). So each
-// block also prefetches the block after it (`next`, its first row), a line per row for each
-// line it reads, and that block's loads start warm (17-18 GB/s).
 // out[r][j] = A row r . B row j. A is packed in `ap`: rows of kp floats, zero-padded; with
 // Pairs (bfloat16 where the ISA has load_pair), in load_pair's lane order within each block
 // of 2W, and kp a multiple of 2W.
+// B's rows stream from memory as NB interleaved streams per block; the hardware prefetcher
+// alone left an AVX2 bfloat16 GEMV at about half the read bandwidth (11 of 21 GB/s). So a
+// block may prefetch the block after it (`next`, its first row; next_nb rows), a line per
+// row for each line it reads, and that block's loads start warm (17-18 GB/s).
 template <class T, int MR, int NB, bool Pairs = false>
 inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, int64_t ldb, int64_t k, int nb,
                             float out[MR][NB], const T* next = nullptr, int next_nb = 0) {
