@@ -112,16 +112,26 @@ inline void to_pair_order(float* a, int64_t rows, int64_t kp) {
   }
 }
 
+// pairs: A packed in load_pair's order (gemm_skinny decides, for all of A's rows at once)
 template <class T, int MR>
-void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t j0, int64_t j1) {
+void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t j0, int64_t j1,
+               bool pairs) {
   constexpr int NB = skinny_nt_rows<MR>();
   float out[MR][NB];
   for (int64_t j = j0; j < j1; j += NB) {
     const int nb = static_cast<int>(std::min<int64_t>(NB, j1 - j));
     const int64_t after = j + NB;  // the next block, within this range only
     const T* next = after < j1 ? B + after * ldb : nullptr;
-    skinny_nt_block<T, MR, NB, kPairsPermute<T>>(ap, kp, B + j * ldb, ldb, k, nb, out, next,
-                                                  static_cast<int>(std::min<int64_t>(NB, j1 - after)));
+    const int next_nb = static_cast<int>(std::min<int64_t>(NB, j1 - after));
+    if constexpr (kPairsPermute<T>) {
+      if (pairs) {
+        skinny_nt_block<T, MR, NB, true>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+      } else {
+        skinny_nt_block<T, MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+      }
+    } else {
+      skinny_nt_block<T, MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+    }
     for (int r = 0; r < MR; ++r)
       for (int c = 0; c < nb; ++c) D[r * n + j + c] = tnc::from_float<T>(out[r][c]);
   }
@@ -169,7 +179,11 @@ template <class T>
 void gemm_skinny(const tnc::GemmArgs& g, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const bool nt = g.b_row == 1 && !(g.b_col == 1 && n > 1);  // B[j, :] contiguous along K
-  const bool pairs = nt && kPairsPermute<T>;  // A in load_pair's lane order (skinny_nt_block)
+  // A in load_pair's lane order (skinny_nt_block) where B's rows are read in pairs: one or
+  // two rows of A. With more, each B load meets enough FMAs that widening W at a time is
+  // as fast, and the pair form's two A vectors per step cost registers (AVX2, m = 4:
+  // 8 GB/s of weight in pairs, 11-12 without).
+  const bool pairs = nt && kPairsPermute<T> && m <= 2;
   const int64_t kp = (k + 2 * W - 1) / (2 * W) * (2 * W);
   // chunks of at least ~32 KB of B, in whole vector blocks of columns for NN
   const int64_t bytes_per_col = std::max<int64_t>(1, k * static_cast<int64_t>(sizeof(T)));
@@ -199,14 +213,14 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
           const int64_t jj1 = std::min(j1, jj0 + jb);
           for (int64_t r0 = 0; r0 < m; r0 += 8) {
             switch (std::min<int64_t>(8, m - r0)) {
-              case 1: skinny_nt<T, 1>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 2: skinny_nt<T, 2>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 3: skinny_nt<T, 3>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 4: skinny_nt<T, 4>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 5: skinny_nt<T, 5>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 6: skinny_nt<T, 6>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              case 7: skinny_nt<T, 7>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
-              default: skinny_nt<T, 8>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1); break;
+              case 1: skinny_nt<T, 1>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 2: skinny_nt<T, 2>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 3: skinny_nt<T, 3>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 4: skinny_nt<T, 4>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 5: skinny_nt<T, 5>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 6: skinny_nt<T, 6>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              case 7: skinny_nt<T, 7>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
+              default: skinny_nt<T, 8>(ap + r0 * kp, kp, B, ldb, k, D + r0 * n, n, jj0, jj1, pairs); break;
             }
           }
         }
