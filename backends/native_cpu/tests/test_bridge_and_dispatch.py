@@ -93,7 +93,8 @@ SMOKE = textwrap.dedent(
         close(run(b.build_rms_norm, x, w, normalized_shape=(45,), eps=1e-6), F.rms_norm(x.float(), (45,), w.float(), 1e-6).to(dt))
         a = torch.randn(19, 40, dtype=dt)
         close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
-        for m in (1, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
+        for m in (1, 2, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
+            # (AVX2 bfloat16 NT reads B in pairs for m <= 2, with odd-lane accumulators at m = 1)
             a1, w1 = torch.randn(m, 37, dtype=dt), torch.randn(29, 37, dtype=dt)
             close(run(b.build_gemm, a1, w1, trans_a=False, trans_b=True), (a1.float() @ w1.float().T).to(dt), scale=10)
             w2 = w1.T.contiguous()
