@@ -23,8 +23,8 @@ IsaBuild pick_build() {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   const IsaBuild avx512_build{"avx512", register_kernels_avx512};
 #else
-  const bool avx512 = false;  // built without it (TNC_AVX512=OFF)
-  const IsaBuild avx512_build{"avx512", register_kernels_baseline};
+  const bool avx512 = false;  // built without it (TNC_AVX512=OFF), so never picked
+  const IsaBuild avx512_build{"avx512", nullptr};
 #endif
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const IsaBuild avx2_build{"avx2", register_kernels_avx2};

@@ -9,6 +9,9 @@
 // (no includes here on purpose: see kernels/common.h)
 
 constexpr int64_t kSkinnyM = 16;
+// Rows of A up to which bfloat16 NT reads B in pairs, where the ISA has load_pair (see
+// gemm_skinny for why not more)
+constexpr int64_t kSkinnyPairRows = 2;
 
 template <int MR>
 constexpr int skinny_nt_rows() {
@@ -26,11 +29,10 @@ constexpr int skinny_nt_rows() {
 template <class T, int MR, int NB, bool Pairs = false>
 inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, int64_t ldb, int64_t k, int nb,
                             float out[MR][NB], const T* next = nullptr, int next_nb = 0) {
-  constexpr bool kPairs = Pairs;
   static_assert(!Pairs || kPairsPermute<T>, "Pairs needs the ISA's load_pair for T");
-  constexpr int kStep = kPairs ? 2 * W : W;  // elements per load
+  constexpr int kStep = Pairs ? 2 * W : W;  // elements per load
   // pairs: separate accumulators for the odd lanes where there are few (FMA latency)
-  constexpr bool kOddAcc = kPairs && MR * NB <= 4;
+  constexpr bool kOddAcc = Pairs && MR * NB <= 4;
   F acc[MR][NB], odd[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -44,7 +46,7 @@ inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, 
   }
   // A's elements [kk, kk + kStep) against B's at src[j] + at
   auto step = [&](int64_t kk, const T* const (&src)[NB], int64_t at) {
-    if constexpr (kPairs) {
+    if constexpr (Pairs) {
       F ae[MR], ao[MR];
 #pragma GCC unroll 8
       for (int r = 0; r < MR; ++r) {
@@ -112,7 +114,8 @@ inline void to_pair_order(float* a, int64_t rows, int64_t kp) {
   }
 }
 
-// pairs: A packed in load_pair's order (gemm_skinny decides, for all of A's rows at once)
+// pairs: A packed in load_pair's order (gemm_skinny decides, for all of A's rows at once;
+// only up to kSkinnyPairRows rows, so only such MR have a pair form)
 template <class T, int MR>
 void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t j0, int64_t j1,
                bool pairs) {
@@ -123,7 +126,7 @@ void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, 
     const int64_t after = j + NB;  // the next block, within this range only
     const T* next = after < j1 ? B + after * ldb : nullptr;
     const int next_nb = static_cast<int>(std::min<int64_t>(NB, j1 - after));
-    if constexpr (kPairsPermute<T>) {
+    if constexpr (kPairsPermute<T> && MR <= kSkinnyPairRows) {
       if (pairs) {
         skinny_nt_block<T, MR, NB, true>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
       } else {
@@ -179,11 +182,11 @@ template <class T>
 void gemm_skinny(const tnc::GemmArgs& g, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const bool nt = g.b_row == 1 && !(g.b_col == 1 && n > 1);  // B[j, :] contiguous along K
-  // A in load_pair's lane order (skinny_nt_block) where B's rows are read in pairs: one or
-  // two rows of A. With more, each B load meets enough FMAs that widening W at a time is
+  // A in load_pair's lane order (skinny_nt_block) where B's rows are read in pairs: up to
+  // kSkinnyPairRows rows of A. With more, each B load meets enough FMAs that widening W at a time is
   // as fast, and the pair form's two A vectors per step cost registers (AVX2, m = 4:
   // 8 GB/s of weight in pairs, 11-12 without).
-  const bool pairs = nt && kPairsPermute<T> && m <= 2;
+  const bool pairs = nt && kPairsPermute<T> && m <= kSkinnyPairRows;
   const int64_t kp = (k + 2 * W - 1) / (2 * W) * (2 * W);
   // chunks of at least ~32 KB of B, in whole vector blocks of columns for NN
   const int64_t bytes_per_col = std::max<int64_t>(1, k * static_cast<int64_t>(sizeof(T)));
