@@ -247,11 +247,13 @@ def test_bf16_nt_gemm_exact_on_small_integers():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
 @pytest.mark.parametrize("k", [17, 1030, 2819])
 def test_batched_decode_gemm_is_exact_on_small_integers(threads, m, k):
-    # up to four activation rows stream each weight row once against all of them: an
-    # element from the wrong row, a lost K tail or a swapped output row shows as a difference
+    # up to four activation rows stream each weight row once against all of them, and the
+    # sums of a block of weight rows are reduced together (301 rows: whole blocks and a
+    # tail): an element from the wrong row, a lost K tail or a swapped output row or lane
+    # shows as a difference
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

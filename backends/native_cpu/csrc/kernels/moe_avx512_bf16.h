@@ -12,7 +12,7 @@
 
 // moe_decode's Rows for bfloat16: activations kept as bfloat16 bits, zero-padded to
 // whole vectors of 32, and vdpbf16ps straight on them and the weight rows: the GEMV's row
-// dots (dot_bf16_nt_rows), each row read once as one forward stream for every token.
+// dots (dot_bf16_nt_rows), each row read once as one prefetched forward stream for every token.
 // (skinny_nt_bf16_block over two rows at once, an accumulator per token and row, reached
 // about half of this at 2 to 4 tokens: two interleaved row streams.)
 struct Avx512Bf16DecodeRows {
@@ -26,7 +26,7 @@ struct Avx512Bf16DecodeRows {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row);
     for (int j = 0; j < nb; ++j) {
       float d[MR];
-      dot_bf16_nt_rows<MR>(ap, kp, b + j * ldb, k, d);
+      dot_bf16_nt_rows<MR, true>(ap, kp, b + j * ldb, k, d);
       for (int r = 0; r < MR; ++r) out[r][j] = d[r];
     }
   }
