@@ -282,8 +282,8 @@ inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uin
 
 // Sixteen vectors reduced at once: lane i of the result is the sum of v[i]'s lanes. A
 // tree of halvings (512 -> 256 -> 128 -> 64 -> 32 bits per vector), two vectors merged
-// per step, then one permute back to row order: 31 instructions for 16 sums, against
-// about 8 dependent ones per sum for a horizontal reduction each.
+// per step, then one permute back to row order: 46 instructions for 16 sums, against
+// about 8 dependent ones per sum (128) for a horizontal reduction each.
 inline __m512 reduce_add_16(const __m512 v[16]) {
   __m512 h[8], q[4], p[2];
   for (int i = 0; i < 8; ++i)  // 128-bit blocks 0-1: v[2i]'s halves summed, 2-3: v[2i+1]'s
