@@ -230,9 +230,9 @@ constexpr int64_t kRowPrefetchBytes = 4096;
 
 // The dots of one row of B with MR rows of A (each zero-padded to a multiple of 32, kp
 // apart), eight accumulators along K in all (C per A row; six for MR = 3), left as one
-// vector of partial sums per A row: the row is read once, as one forward stream. With
-// Prefetch, kRowPrefetchBytes ahead of it (past B's end too: a prefetch never faults).
-template <int MR, bool Prefetch = false>
+// vector of partial sums per A row: the row is read once, as one forward stream,
+// prefetched kRowPrefetchBytes ahead (past B's end too: a prefetch never faults).
+template <int MR>
 inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k, __m512 sums[MR]) {
   constexpr int C = MR == 1 ? 8 : MR == 2 ? 4 : 2;
   const int64_t k32 = k / 32 * 32;
@@ -246,9 +246,7 @@ inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uin
   for (; kk + 32 * C <= k32; kk += 32 * C)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      if constexpr (Prefetch) {
-        if (c % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + kk + 32 * c) + kRowPrefetchBytes, _MM_HINT_T1);
-      }
+      if (c % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + kk + 32 * c) + kRowPrefetchBytes, _MM_HINT_T1);
       const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk + 32 * c);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk + 32 * c), bv);
@@ -273,29 +271,11 @@ inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uin
 
 // The same dots reduced to one float per A row. The MoE decode path's row dots
 // (kernels/moe_avx512_bf16.h) for up to 4 tokens.
-template <int MR, bool Prefetch = false>
+template <int MR>
 inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k, float out[MR]) {
   __m512 sums[MR];
-  dot_bf16_nt_sums<MR, Prefetch>(a, kp, row, k, sums);
+  dot_bf16_nt_sums<MR>(a, kp, row, k, sums);
   for (int r = 0; r < MR; ++r) out[r] = _mm512_reduce_add_ps(sums[r]);
-}
-
-// Sixteen vectors reduced at once: lane i of the result is the sum of v[i]'s lanes. A
-// tree of halvings (512 -> 256 -> 128 -> 64 -> 32 bits per vector), two vectors merged
-// per step, then one permute back to row order: 46 instructions for 16 sums, against
-// about 8 dependent ones per sum (128) for a horizontal reduction each.
-inline __m512 reduce_add_16(const __m512 v[16]) {
-  __m512 h[8], q[4], p[2];
-  for (int i = 0; i < 8; ++i)  // 128-bit blocks 0-1: v[2i]'s halves summed, 2-3: v[2i+1]'s
-    h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)  // block b: row 4i + b, four lanes
-    q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88), _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)  // block b: rows 8i + b, 8i + 4 + b, each in two lanes
-    p[i] = _mm512_add_ps(_mm512_unpacklo_ps(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_ps(q[2 * i], q[2 * i + 1]));
-  const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]));
-  const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]));
-  const __m512 f = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));  // lane 4b + c: row b + 4c
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), f);
 }
 
 // The decode GEMV and its batched form (up to four activation rows: a batch of decode
@@ -303,12 +283,16 @@ inline __m512 reduce_add_16(const __m512 v[16]) {
 // (dot_bf16_nt_sums), so B is one forward stream per thread, which the prefetch above
 // keeps ahead of. (Blocks of several B rows read at once, the path for more rows, are as
 // many short streams: at K = 1024 they reached about half the read bandwidth.) The sums
-// of a block of B rows are reduced together (reduce_add_16): a horizontal reduction after
-// every row cost about a fifth of the bandwidth. Toggled in one process against the
-// per-row form without prefetch, weights from memory, 2 threads, shares of the read probe:
+// of a block of B rows are reduced together (S::transpose_add, as the attention kernels
+// finish theirs): a horizontal reduction after every row cost about a fifth of the
+// bandwidth. Toggled in one process against the per-row form without prefetch, weights
+// from memory, 2 threads, shares of the read probe:
 // m = 1, 1024 -> 5632: 67-71% -> 79-82%; 2816 -> 1024: 64-77% -> 79-84%; m = 4,
 // 1024 -> 1536: 38% -> 60%.
-constexpr int kGemvSums = 16;
+constexpr int kGemvSums = W;  // one vector of results per block
+// B rows per block with MR activation rows (the block's MR x rows sums fill at most W)
+template <int MR>
+constexpr int64_t kGemvBlockRows = kGemvSums / MR;
 // For more than one activation row: while A's rows fit in half the L1 beside the stream.
 // Past that the blocks of rows were faster (m = 3-4 at K = 7168: 44-51% of the read probe
 // here against 62-69%) or even (m = 4 at K = 2816).
@@ -317,21 +301,21 @@ constexpr int64_t kGemvMaxABytes = 16 << 10;
 template <int MR>
 inline void gemv_rows_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n,
                               int64_t j0, int64_t j1) {
-  constexpr int kRows = kGemvSums / MR;  // B rows per block
+  constexpr int kRows = kGemvBlockRows<MR>;
   int64_t j = j0;
   for (; j + kRows <= j1; j += kRows) {
     __m512 sums[kGemvSums];
     for (int i = kRows * MR; i < kGemvSums; ++i) sums[i] = _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int c = 0; c < kRows; ++c) dot_bf16_nt_sums<MR, true>(ap, kp, B + (j + c) * ldb, k, sums + c * MR);
+    for (int c = 0; c < kRows; ++c) dot_bf16_nt_sums<MR>(ap, kp, B + (j + c) * ldb, k, sums + c * MR);
     alignas(64) float dot[kGemvSums];
-    _mm512_store_ps(dot, reduce_add_16(sums));
+    _mm512_store_ps(dot, S::transpose_add(sums));
     for (int c = 0; c < kRows; ++c)
       for (int r = 0; r < MR; ++r) D[r * n + j + c] = tnc::from_float<bf16_t>(dot[c * MR + r]);
   }
   for (; j < j1; ++j) {
     float dot[MR];
-    dot_bf16_nt_rows<MR, true>(ap, kp, B + j * ldb, k, dot);
+    dot_bf16_nt_rows<MR>(ap, kp, B + j * ldb, k, dot);
     for (int r = 0; r < MR; ++r) D[r * n + j] = tnc::from_float<bf16_t>(dot[r]);
   }
 }
@@ -340,7 +324,7 @@ inline void gemv_rows_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B,
 template <int MR>
 inline void gemv_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n,
                          int64_t grain, int threads) {
-  constexpr int64_t kRows = kGemvSums / MR;
+  constexpr int64_t kRows = kGemvBlockRows<MR>;
   tnc::parallel_for((n + kRows - 1) / kRows, std::max<int64_t>(1, grain / kRows), threads, [&](int64_t b0, int64_t b1) {
     gemv_rows_bf16_nt<MR>(ap, kp, B, ldb, k, D, n, b0 * kRows, std::min(n, b1 * kRows));
   });

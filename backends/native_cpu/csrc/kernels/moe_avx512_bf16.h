@@ -26,7 +26,7 @@ struct Avx512Bf16DecodeRows {
     const uint16_t* b = reinterpret_cast<const uint16_t*>(row);
     for (int j = 0; j < nb; ++j) {
       float d[MR];
-      dot_bf16_nt_rows<MR, true>(ap, kp, b + j * ldb, k, d);
+      dot_bf16_nt_rows<MR>(ap, kp, b + j * ldb, k, d);
       for (int r = 0; r < MR; ++r) out[r][j] = d[r];
     }
   }
