@@ -332,6 +332,22 @@ struct FloatDecode {
   }
 };
 
+// Finishes a register block of decode scores: the 16 vectors of partial dot products
+// (acc[jj][i]: key j0 + jj, head h0 + i) are summed by transpose-adds of W rows taken head
+// by head, and head i's jn dot products go to Sc[h0 + i][j0, j0 + jn). (Keeping the 16
+// vectors for one transpose-add per head later took a buffer of H x W x W floats, the
+// whole L1 at 32 heads, written and read back once per block.)
+inline void finish_scores(const F acc[4][4], float* Sc, int64_t h0, int gn, int j0, int jn) {
+  F rows[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 4; ++jj) rows[i * 4 + jj] = acc[jj][i];
+  alignas(64) float sums[16];
+  for (int t = 0; t < 16; t += W) S::store(sums + t, S::transpose_add(rows + t));
+  for (int i = 0; i < gn; ++i) std::copy_n(sums + 4 * i, jn, Sc + (h0 + i) * W + j0);
+}
+
 // Asks for the bytes [p, p + bytes) to be brought into the L2 (a software prefetch per
 // cache line; locality 2 is prefetcht1 on x86).
 inline void prefetch_l2(const void* p, int64_t bytes) {
@@ -342,11 +358,12 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 // streamed once: a task owns a range of the positions one request sees and walks it in
 // blocks of W positions. Within a block, work follows the addresses: scores for 4 keys at a
 // time over every KV head (a token's row holds every KV head: 4 rows are read front to
-// back), then the online softmax of every head, then P V for 8 keys at a time over every
-// KV head, so that K and V are each read as a few forward streams. Every query head of a
-// group is served by the same load of a K or V row; the dot products of a block are
-// finished by one transpose-add per head (no horizontal reduction per key); the softmax
-// is vectorised over the block's keys and rescales O only when a head's maximum grows.
+// back), then the online softmax of every head, then P V over the block's keys (up to 16)
+// for every KV head, so that K and V are each read as a few forward streams. Every query
+// head of a group is served by the same load of a K or V row; each register block's dot
+// products are finished by one transpose-add (finish_scores: no horizontal reduction per
+// key); the softmax is vectorised over the block's keys and rescales O only when a head's
+// maximum grows.
 // The keys two blocks ahead are prefetched into the L2 in small pieces between the
 // register blocks that read the same rows of this block, so memory is busy while the core
 // computes. (Measured on 8 x 4096 paged tokens, 2 threads: prefetches to the L1 or
@@ -370,12 +387,14 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
   const int64_t kv_tok = Hkv * D, slice_bytes = D * static_cast<int64_t>(sizeof(T));
   constexpr int kPrefetchBlocks = 2;  // how far ahead, in blocks of W positions
-  constexpr int kValueKeys = 8;       // keys per P V pass over the KV heads
+  // keys per P V pass over the KV heads: every O row is loaded and stored once per pass
+  // (16 against 8: 11% less time per block, in the caches on one thread)
+  constexpr int kValueKeys = 16;
   tnc::parallel_for(a.batch * splits, 1, threads, [&](int64_t i0, int64_t i1) {
-    float* Q = scratch(static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + H * W * W + H * W + H + Policy::prob_floats(H)), 0);
+    float* Q = scratch(static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + 2 * H * W + H + Policy::prob_floats(H)), 0);
     float* O = Q + Policy::query_floats(H, D);
-    float* Acc = O + H * ostride;  // [H][W keys][W lanes] partial dot products of a block
-    float* lsum = Acc + H * W * W;  // [H][W]: each head's softmax denominator, by lane
+    float* Sc = O + H * ostride;  // [H][W]: each head's scores of the block's keys
+    float* lsum = Sc + H * W;     // [H][W]: each head's softmax denominator, by lane
     float* mx = lsum + H * W;       // [H]: each head's running maximum
     float* P = mx + H;              // the block's probabilities, in the policy's layout
     for (int64_t item = i0; item < i1; ++item) {
@@ -395,8 +414,8 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
         const int na = static_cast<int>(std::clamp<int64_t>(n1 - k0 - kPrefetchBlocks * W, 0, W));
         key_rows(a, b, k0, bk, row);
         key_rows(a, b, k0 + kPrefetchBlocks * W, na, ahead);
-        if (bk < W)  // lanes of dead keys are masked after the transpose-add, but must be finite
-          std::fill(Acc, Acc + H * W * W, 0.f);
+        if (bk < W)  // lanes of dead keys are masked below; keep them finite
+          std::fill(Sc, Sc + H * W, 0.f);
         // scores: 4 keys at a time, every KV head (each of the 4 rows read front to back)
         for (int j0 = 0; j0 < bk; j0 += 4) {
           const int jn = std::min(4, bk - j0);
@@ -410,19 +429,13 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
               const int64_t h0 = hkv * G + g0;
               F acc[4][4];
               Policy::scores(Q, h0, gn, kr, D, acc);
-#pragma GCC unroll 4
-              for (int jj = 0; jj < 4; ++jj)
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; ++i)
-                  if (i < gn && jj < jn) S::store(Acc + ((h0 + i) * W + j0 + jj) * W, acc[jj][i]);
+              finish_scores(acc, Sc, h0, gn, j0, jn);
             }
           }
         }
         // online softmax of every head over the block, vectorised over its keys
         for (int64_t h = 0; h < H; ++h) {
-          F rows[W];
-          for (int j = 0; j < W; ++j) rows[j] = S::load(Acc + (h * W + j) * W);
-          F s = S::transpose_add(rows);
+          F s = S::load(Sc + h * W);
           if constexpr (!Policy::kScaled) s = S::mul(s, S::set1(a.scale));
           if (a.softcap > 0.f) s = vsoftcap(s, a.softcap);
           if (bk < W) {
