@@ -19,6 +19,11 @@ Targets, checked in one run:
   gemm       >= 90% of the machine's bfloat16 peak (vdpbf16ps throughput probe)
   gemv       decode GEMVs stream their weights at >= 85% of the read probe
   silu_mul   SiluAndMul 2048x8192 >= 3x torch eager by median
+Inputs and weights come on 2 MiB pages, as the product hands them to a kernel: the
+transformers integration moves a model's weights there, and native_cpu's outputs of 4 MiB
+and more (the next op's inputs) come from its huge-page blocks; both systems get the same
+tensors. --small-pages keeps torch's 4 KiB pages instead, where a stream's prefetcher stops
+at every page boundary and the TLB misses on nearly every page.
 The probes (tileops_native_cpu._C.probe_*) run on threads of their own. The bandwidth a
 shared machine gives moves from one second to the next (the same 256 MiB buffer read at
 27-43 GB/s a second apart here), so each process runs the bandwidth probe a case is held to
@@ -42,6 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tileops.serving.host_memory import on_huge_pages
 from tileops_native_cpu import builders as nb
 
 TAIL, STABLE, MEM_SHARE, GEMM_SHARE, GEMV_SHARE, SILU_MUL_X = 1.5, 1.3, 0.85, 0.90, 0.85, 3.0
@@ -66,6 +72,19 @@ class Case:
     keep: list[Any] = field(default_factory=list)
 
 
+# set in each child from --small-pages
+SMALL_PAGES = False
+
+
+def placed(t: torch.Tensor) -> torch.Tensor:
+    """t where the product keeps such tensors: on huge pages (see the module note)."""
+    return t if SMALL_PAGES else on_huge_pages(t)
+
+
+def randn(*shape: int) -> torch.Tensor:
+    return placed(torch.randn(*shape, dtype=BF))
+
+
 def build(builder, inputs, **params):
     return builder(*(_Spec(t) for t in inputs), **params)
 
@@ -84,10 +103,9 @@ def rotating(make: Callable[[int], tuple[Any, ...]], copies: int) -> Callable[[]
 
 
 def memory_cases() -> list[Case]:
-    r = torch.randn
     out: list[Case] = []
     M, N = 8192, 4096  # 64 MiB per bfloat16 tensor: twice the L3
-    x, res, w, b = r(M, N, dtype=BF), r(M, N, dtype=BF), r(N, dtype=BF), r(N, dtype=BF)
+    x, res, w, b = randn(M, N), randn(M, N), randn(N), randn(N)
     k = build(nb.build_rms_norm, [x, w], normalized_shape=(N,), eps=1e-6)
     out.append(Case(f"RMSNorm [{M},{N}]", "memory", lambda: k(x, w), lambda: F.rms_norm(x, (N,), w, 1e-6),
                     bytes=2 * M * N * EB))
@@ -107,7 +125,7 @@ def memory_cases() -> list[Case]:
     out.append(Case(f"Add [{M},{N}]", "memory", lambda: ka(x, res), lambda: x + res, bytes=3 * M * N * EB))
     kt = build(nb.build_silu, [x], inplace=False)
     out.append(Case(f"Silu [{M},{N}]", "memory", lambda: kt(x), lambda: F.silu(x), bytes=2 * M * N * EB))
-    xg = r(2048, 8192, dtype=BF)
+    xg = randn(2048, 8192)
     kg = build(nb.build_silu_and_mul, [xg])
 
     def silu_mul_eager():
@@ -116,7 +134,7 @@ def memory_cases() -> list[Case]:
 
     out.append(Case("SiluAndMul [2048,8192]", "memory", lambda: kg(xg), silu_mul_eager, bytes=3 * 2048 * 4096 * EB,
                     min_x_eager=SILU_MUL_X))
-    xb = r(8192, 16384, dtype=BF)  # 256 MiB in, 128 MiB out
+    xb = randn(8192, 16384)  # 256 MiB in, 128 MiB out
     kb = build(nb.build_silu_and_mul, [xb])
 
     def silu_mul_big_eager():
@@ -124,7 +142,7 @@ def memory_cases() -> list[Case]:
         return F.silu(gate) * value
 
     out.append(Case("SiluAndMul [8192,16384]", "memory", lambda: kb(xb), silu_mul_big_eager, bytes=3 * 8192 * 8192 * EB))
-    xr = r(8192, 32, 128, dtype=BF)
+    xr = randn(8192, 32, 128)
     pos = torch.randint(0, 8192, (8192,))
     kr = build(nb.build_rope_neox_position_ids, [xr, pos], max_position=8192, base=10000.0, rotary_dim=128)
     half = 64
@@ -166,15 +184,14 @@ def small_cases() -> list[Case]:
 def gemm_cases() -> list[Case]:
     """Prefill GEMMs of examples/llama_step.py's decoder (hidden 1024, MLP 2816, 512 tokens)
     in the F.linear layout, and square NN GEMMs; all compute-bound."""
-    r = torch.randn
     out: list[Case] = []
     for label, m, n, k in (("qkv", 512, 1536, 1024), ("gate_up", 512, 5632, 1024), ("down", 512, 1024, 2816)):
-        a, b = r(m, k, dtype=BF), r(n, k, dtype=BF) * 0.02
+        a, b = randn(m, k), placed(torch.randn(n, k, dtype=BF) * 0.02)
         kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=True)
         out.append(Case(f"Gemm {label} m{m} n{n} k{k} NT", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
                         lambda a=a, b=b: F.linear(a, b), flops=2 * m * n * k))
     for s in (1024, 2048):
-        a, b = r(s, s, dtype=BF), r(s, s, dtype=BF)
+        a, b = randn(s, s), randn(s, s)
         kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=False)
         out.append(Case(f"Gemm {s}^3 NN", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
                         lambda a=a, b=b: torch.matmul(a, b), flops=2 * s**3))
@@ -187,7 +204,7 @@ def gemv_cases() -> list[Case]:
     out: list[Case] = []
     for label, n, k in (("qkv", 1536, 1024), ("o", 1024, 1024), ("gate_up", 5632, 1024), ("down", 1024, 2816)):
         copies = max(2, (96 << 20) // (n * k * EB))
-        nxt = rotating(lambda i, n=n, k=k: (torch.randn(1, k, dtype=BF), torch.randn(n, k, dtype=BF) * 0.02), copies)
+        nxt = rotating(lambda i, n=n, k=k: (torch.randn(1, k, dtype=BF), placed(torch.randn(n, k, dtype=BF) * 0.02)), copies)
         a0, w0 = nxt()
         kern = build(nb.build_gemm, [a0, w0], trans_a=False, trans_b=True)
 
@@ -211,7 +228,7 @@ def mixed_cases() -> list[Case]:
     g = torch.Generator().manual_seed(0)
 
     def w(*shape, scale=0.02):
-        return (torch.randn(*shape, generator=g) * scale).to(BF)
+        return placed((torch.randn(*shape, generator=g) * scale).to(BF))
 
     qkv_n = (heads + 2 * heads_kv) * dim
     ws = [dict(n1=1 + w(hidden, scale=0.1), qkv=w(qkv_n, hidden), o=w(hidden, heads * dim), n2=1 + w(hidden, scale=0.1),
@@ -357,9 +374,13 @@ def main() -> int:
     ap.add_argument("--thp", action="store_true",
                     help="children run with THP_MEM_ALLOC_ENABLE=1: torch's allocator asks for huge pages, for "
                          "inputs (and eager's outputs) as native_cpu's outputs already have")
+    ap.add_argument("--small-pages", action="store_true",
+                    help="inputs and weights on torch's 4 KiB pages, not on huge pages as in a model")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        global SMALL_PAGES
+        SMALL_PAGES = args.small_pages
         child(args)
         return 0
     threads = torch.get_num_threads()
@@ -367,6 +388,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k.startswith("TILEOPS_NATIVE_CPU")}
     print(f"torch {torch.__version__}, {threads} threads, native_cpu ISA {nb.native().isa()}; {args.procs} fresh "
           f"processes x {args.calls} calls per case" + (f"; env {env}" if env else "")
+          + ("; inputs and weights on 4 KiB pages" if args.small_pages else "; inputs and weights on huge pages")
           + ("; children with THP_MEM_ALLOC_ENABLE=1" if args.thp else ""))
     print(f"machine at start ({threads} threads, 256 MiB): read {m['read']:.1f} GB/s, copy {m['copy']:.1f} GB/s, "
           f"streaming copy {m['copy_stream']:.1f} GB/s (read+write), bf16 vdpbf16ps peak {m['bf16']:.0f} GFLOP/s")
@@ -375,6 +397,7 @@ def main() -> int:
     runs = []
     for p in range(args.procs):
         cmd = [sys.executable, __file__, "--child", f"--calls={args.calls}", f"--warmup={args.warmup}", f"--only={args.only}"]
+        cmd += ["--small-pages"] * args.small_pages
         child_env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1") if args.thp else None
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("JSON ")), None)
