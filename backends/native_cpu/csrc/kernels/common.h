@@ -199,8 +199,23 @@ inline float* scratch(size_t count, int slot = 0) {
 // With AVX-512 the 2^n step is vscalefps, which also gives subnormals and 0 below the
 // range; the clamps take x first-operand-last so that a NaN input stays NaN there.
 
-// Fast: for float16/bfloat16 results: one-step reduction and a degree-4 polynomial
-// (relative error below 5e-5, a twentieth of a float16 ulp), four fewer vector ops.
+// Fast: for float16/bfloat16 results: 2^t with t = x log2 e, as 2^round(t) times a
+// degree-3 polynomial in t - round(t) (exp2_fraction): relative error below 8e-5, a
+// twelfth of a float16 ulp, in 9 vector ops of which 4 multiply (the accurate path: 14
+// and 10). Against the previous Fast form (one-step reduction in base e, degree 4: 10 and
+// 6), on Zen 4, one thread, the argument in the L1: vexp 2.16 -> 2.09 ns per vector,
+// vexp_neg (silu, gelu) 1.83 -> 1.68, medians of 8 alternating runs. The rest is the
+// clamps, round and scalef: Zen 4 issues two 512-bit float ops per cycle, one of them a
+// multiply.
+
+// 2^f for f in [-1/2, 1/2]: a degree-3 polynomial fitted for relative error (7.5e-5 at
+// most, evaluated in float)
+inline F exp2_fraction(F f) {
+  F p = S::fma(S::set1(0.0551716648f), f, S::set1(0.242611125f));
+  p = S::fma(p, f, S::set1(0.693260968f));
+  return S::fma(p, f, S::set1(0.999928057f));
+}
+
 template <bool Fast = false>
 inline F vexp(F x) {
   F xc;
@@ -209,19 +224,23 @@ inline F vexp(F x) {
   } else {
     xc = S::min(S::max(x, S::set1(-87.3f)), S::set1(88.3f));
   }
-  const F n = S::round(S::mul(xc, S::set1(1.44269504088896341f)));
-  F r, p;
   if constexpr (Fast) {
-    r = S::fnma(n, S::set1(0.693147180559945309f), xc);
-    p = S::set1(1.f / 24.f);
-  } else {
-    r = S::fnma(n, S::set1(0.693145751953125f), xc);
-    r = S::fnma(n, S::set1(1.42860682030941723212e-6f), r);
-    p = S::set1(1.f / 5040.f);
-    p = S::fma(p, r, S::set1(1.f / 720.f));
-    p = S::fma(p, r, S::set1(1.f / 120.f));
-    p = S::fma(p, r, S::set1(1.f / 24.f));
+    const F t = S::mul(xc, S::set1(1.44269504088896341f));
+    const F n = S::round(t);
+    const F p = exp2_fraction(S::sub(t, n));
+    if constexpr (S::kHasScalef) {
+      return S::scalef(p, n);
+    } else {
+      return S::keep_at_least(x, -87.3f, S::mul(p, S::pow2n(n)));
+    }
   }
+  const F n = S::round(S::mul(xc, S::set1(1.44269504088896341f)));
+  F r = S::fnma(n, S::set1(0.693145751953125f), xc);
+  r = S::fnma(n, S::set1(1.42860682030941723212e-6f), r);
+  F p = S::set1(1.f / 5040.f);
+  p = S::fma(p, r, S::set1(1.f / 720.f));
+  p = S::fma(p, r, S::set1(1.f / 120.f));
+  p = S::fma(p, r, S::set1(1.f / 24.f));
   p = S::fma(p, r, S::set1(1.f / 6.f));
   p = S::fma(p, r, S::set1(0.5f));
   p = S::fma(p, r, S::set1(1.f));
@@ -233,30 +252,30 @@ inline F vexp(F x) {
   }
 }
 
-// e^-x without the negation: with u = x + n ln2 (n = round(-x log2 e)), e^-x = 2^n e^-u,
-// and e^-u is the same polynomial with alternating signs. Same accuracy as vexp<Fast>.
+// e^-x without the negation: the Fast form is vexp<Fast>'s with t = -x log2 e; the
+// accurate one, with u = x + n ln2 (n = round(-x log2 e)), is e^-x = 2^n e^-u, where e^-u is
+// vexp's polynomial with alternating signs.
 template <bool Fast = false>
 inline F vexp_neg(F x) {
   if constexpr (!S::kHasScalef) {
     return vexp<Fast>(S::sub(S::zero(), x));
   } else {
-    // Below -88.3 the result overflows to +inf through vscalefps; the Fast polynomial (even
-    // degree) is positive everywhere, so no clamp is needed on that side. Above 104 it
+    // Below -88.3 the result overflows to +inf through vscalefps; the Fast polynomial is
+    // positive on its whole interval, so no clamp is needed on that side. Above 104 it
     // must be clamped, or a huge reduced argument would turn 0 into inf.
     const F xc = Fast ? S::min(S::set1(104.f), x) : S::min(S::set1(104.f), S::max(S::set1(-88.3f), x));
-    const F n = S::round(S::mul(xc, S::set1(-1.44269504088896341f)));
-    F u, p;
     if constexpr (Fast) {
-      u = S::fma(n, S::set1(0.693147180559945309f), xc);
-      p = S::set1(1.f / 24.f);
-    } else {
-      u = S::fma(n, S::set1(0.693145751953125f), xc);
-      u = S::fma(n, S::set1(1.42860682030941723212e-6f), u);
-      p = S::set1(-1.f / 5040.f);
-      p = S::fma(p, u, S::set1(1.f / 720.f));
-      p = S::fma(p, u, S::set1(-1.f / 120.f));
-      p = S::fma(p, u, S::set1(1.f / 24.f));
+      const F t = S::mul(xc, S::set1(-1.44269504088896341f));
+      const F n = S::round(t);
+      return S::scalef(exp2_fraction(S::sub(t, n)), n);
     }
+    const F n = S::round(S::mul(xc, S::set1(-1.44269504088896341f)));
+    F u = S::fma(n, S::set1(0.693145751953125f), xc);
+    u = S::fma(n, S::set1(1.42860682030941723212e-6f), u);
+    F p = S::set1(-1.f / 5040.f);
+    p = S::fma(p, u, S::set1(1.f / 720.f));
+    p = S::fma(p, u, S::set1(-1.f / 120.f));
+    p = S::fma(p, u, S::set1(1.f / 24.f));
     p = S::fma(p, u, S::set1(-1.f / 6.f));
     p = S::fma(p, u, S::set1(0.5f));
     p = S::fma(p, u, S::set1(-1.f));
