@@ -337,7 +337,7 @@ struct FloatDecode {
 // by head, and head i's jn dot products go to Sc[h0 + i][j0, j0 + jn). (Keeping the 16
 // vectors for one transpose-add per head later took a buffer of H x W x W floats, the
 // whole L1 at 32 heads, written and read back once per block.)
-inline void finish_scores(const F acc[4][4], float* Sc, int64_t h0, int gn, int j0, int jn) {
+inline void finish_scores(const F (&acc)[4][4], float* Sc, int64_t h0, int gn, int j0, int jn) {
   F rows[16];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)

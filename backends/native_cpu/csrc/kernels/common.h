@@ -204,9 +204,8 @@ inline float* scratch(size_t count, int slot = 0) {
 // twelfth of a float16 ulp, in 9 vector ops of which 4 multiply (the accurate path: 14
 // and 10). Against the previous Fast form (one-step reduction in base e, degree 4: 10 and
 // 6), on Zen 4, one thread, the argument in the L1: vexp 2.16 -> 2.09 ns per vector,
-// vexp_neg (silu, gelu) 1.83 -> 1.68, medians of 8 alternating runs. The rest is the
-// clamps, round and scalef: Zen 4 issues two 512-bit float ops per cycle, one of them a
-// multiply.
+// vexp_neg (silu, gelu) 1.83 -> 1.68, medians of 8 alternating runs: the multiplies were
+// not what bound it.
 
 // 2^f for f in [-1/2, 1/2]: a degree-3 polynomial fitted for relative error (7.5e-5 at
 // most, evaluated in float)
