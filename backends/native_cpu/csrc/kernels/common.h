@@ -215,6 +215,18 @@ inline F exp2_fraction(F f) {
   return S::fma(p, f, S::set1(0.999928057f));
 }
 
+// 2^t for the Fast forms: 2^round(t) times exp2_fraction of the rest. The caller clamps t:
+// without vscalefps, 2^n is built in the exponent field, so n must give a normal float.
+inline F exp2_fast(F t) {
+  const F n = S::round(t);
+  const F p = exp2_fraction(S::sub(t, n));
+  if constexpr (S::kHasScalef) {
+    return S::scalef(p, n);
+  } else {
+    return S::mul(p, S::pow2n(n));
+  }
+}
+
 template <bool Fast = false>
 inline F vexp(F x) {
   F xc;
@@ -224,13 +236,11 @@ inline F vexp(F x) {
     xc = S::min(S::max(x, S::set1(-87.3f)), S::set1(88.3f));
   }
   if constexpr (Fast) {
-    const F t = S::mul(xc, S::set1(1.44269504088896341f));
-    const F n = S::round(t);
-    const F p = exp2_fraction(S::sub(t, n));
+    const F e = exp2_fast(S::mul(xc, S::set1(1.44269504088896341f)));
     if constexpr (S::kHasScalef) {
-      return S::scalef(p, n);
+      return e;
     } else {
-      return S::keep_at_least(x, -87.3f, S::mul(p, S::pow2n(n)));
+      return S::keep_at_least(x, -87.3f, e);
     }
   }
   const F n = S::round(S::mul(xc, S::set1(1.44269504088896341f)));
@@ -263,11 +273,7 @@ inline F vexp_neg(F x) {
     // positive on its whole interval, so no clamp is needed on that side. Above 104 it
     // must be clamped, or a huge reduced argument would turn 0 into inf.
     const F xc = Fast ? S::min(S::set1(104.f), x) : S::min(S::set1(104.f), S::max(S::set1(-88.3f), x));
-    if constexpr (Fast) {
-      const F t = S::mul(xc, S::set1(-1.44269504088896341f));
-      const F n = S::round(t);
-      return S::scalef(exp2_fraction(S::sub(t, n)), n);
-    }
+    if constexpr (Fast) return exp2_fast(S::mul(xc, S::set1(-1.44269504088896341f)));
     const F n = S::round(S::mul(xc, S::set1(-1.44269504088896341f)));
     F u = S::fma(n, S::set1(0.693145751953125f), xc);
     u = S::fma(n, S::set1(1.42860682030941723212e-6f), u);
