@@ -94,7 +94,7 @@ SMOKE = textwrap.dedent(
         a = torch.randn(19, 40, dtype=dt)
         close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
         for m in (1, 2, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
-            # (AVX2 bfloat16 NT reads B in pairs for m <= 2, with odd-lane accumulators at m = 1)
+            # (NT reads B one row at a time for m <= 2, AVX2 bfloat16 in pairs; blocks of rows at m = 3)
             a1, w1 = torch.randn(m, 37, dtype=dt), torch.randn(29, 37, dtype=dt)
             close(run(b.build_gemm, a1, w1, trans_a=False, trans_b=True), (a1.float() @ w1.float().T).to(dt), scale=10)
             w2 = w1.T.contiguous()

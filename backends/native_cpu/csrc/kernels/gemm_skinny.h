@@ -1,9 +1,10 @@
 // The gemm family, skinny products (m <= kSkinnyM, the decode GEMV): memory-bound on B,
 // which is streamed once. A (a few rows) is widened to float in a zero-padded scratch; B
 // is read in place in its own layout, never packed. NT (B rows contiguous along K, the
-// F.linear weight layout): NB rows of B at a time, one accumulator per (A row, B row),
-// reduced horizontally once per output. NN (B rows contiguous along N): CV vectors of
-// columns at a time over all K. Included inside a per-ISA namespace by kernels/families.h
+// F.linear weight layout): with up to kSkinnyStreamRows rows of A, one row of B at a time,
+// front to back; with more, NB rows of B at a time, one accumulator per (A row, B row).
+// Either way each output is reduced horizontally once. NN (B rows contiguous along N): CV
+// vectors of columns at a time over all K. Included inside a per-ISA namespace by kernels/families.h
 // before kernels/gemm.h, whose entry point routes skinny products here.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
@@ -12,6 +13,15 @@ constexpr int64_t kSkinnyM = 16;
 // Rows of A up to which bfloat16 NT reads B in pairs, where the ISA has load_pair (see
 // gemm_skinny for why not more)
 constexpr int64_t kSkinnyPairRows = 2;
+// Rows of A up to which NT reads B one row at a time (skinny_nt_row): B is then a single
+// forward stream per thread, which the hardware prefetcher keeps ahead of. Blocks of NB
+// rows read at once are NB short streams (2 KiB each at K = 1024). On the Zen 4 (2 threads,
+// 1 x 1024 -> 5632 from memory, medians of 9 passes; a read probe beside them 26-35 GB/s),
+// one row at a time against the blocks: AVX2 bfloat16 23 -> 34 GB/s, float16 16-20 -> 32,
+// float32 24-26 -> 31-33; AVX-512 float16 19-22 -> 25-30; m = 2 likewise. At m = 4 the
+// two were even or the blocks ahead (each B load meets enough FMAs that the block's shared
+// A loads count), so more rows keep the blocks.
+constexpr int64_t kSkinnyStreamRows = 2;
 
 template <int MR>
 constexpr int skinny_nt_rows() {
@@ -21,7 +31,8 @@ constexpr int skinny_nt_rows() {
 
 // out[r][j] = A row r . B row j. A is packed in `ap`: rows of kp floats, zero-padded; with
 // Pairs (bfloat16 where the ISA has load_pair), in load_pair's lane order within each block
-// of 2W, and kp a multiple of 2W.
+// of 2W, and kp a multiple of 2W. (skinny_nt's blocks of B rows, and the MoE decode rows'
+// generic dots, kernels/moe.h.)
 // B's rows stream from memory as NB interleaved streams per block; the hardware prefetcher
 // alone left an AVX2 bfloat16 GEMV at about half the read bandwidth (11 of 21 GB/s). So a
 // block may prefetch the block after it (`next`, its first row; next_nb rows), a line per
@@ -99,6 +110,52 @@ inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, 
     for (int j = 0; j < NB; ++j) out[r][j] = S::reduce_add(kOddAcc ? S::add(acc[r][j], odd[r][j]) : acc[r][j]);
 }
 
+// out[r] = A row r . B row `row` (A packed as for skinny_nt_block), the row read once from
+// front to back: C independent accumulators per A row along K (FMA latency), summed at the
+// end.
+template <class T, int MR, bool Pairs = false>
+inline void skinny_nt_row(const float* __restrict ap, int64_t kp, const T* row, int64_t k, float out[MR]) {
+  static_assert(!Pairs || kPairsPermute<T>, "Pairs needs the ISA's load_pair for T");
+  constexpr int kStep = Pairs ? 2 * W : W;  // elements per load
+  constexpr int C = MR == 1 ? 4 : 2;
+  F acc[MR][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = S::zero();
+  // A's elements [kk, kk + kStep) against B's at src, into accumulator c
+  auto step = [&](int c, int64_t kk, const T* src) {
+    if constexpr (Pairs) {
+      F be, bo;
+      load_pair(src, be, bo);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        acc[r][c] = S::fma(S::load(ap + r * kp + kk), be, acc[r][c]);
+        acc[r][c] = S::fma(S::load(ap + r * kp + kk + W), bo, acc[r][c]);
+      }
+    } else {
+      const F bv = S::load(src);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) acc[r][c] = S::fma(S::load(ap + r * kp + kk), bv, acc[r][c]);
+    }
+  };
+  int64_t kk = 0;
+  for (; kk + C * kStep <= k; kk += C * kStep)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) step(c, kk + c * kStep, row + kk + c * kStep);
+  for (; kk + kStep <= k; kk += kStep) step(0, kk, row + kk);
+  if (kk < k) {  // the last partial step, from a zero-padded copy of the row's tail
+    alignas(64) T tail[kStep];
+    for (int i = 0; i < kStep; ++i) tail[i] = kk + i < k ? row[kk + i] : tnc::from_float<T>(0.f);
+    step(0, kk, tail);
+  }
+  for (int r = 0; r < MR; ++r) {
+    F sum = acc[r][0];
+    for (int c = 1; c < C; ++c) sum = S::add(sum, acc[r][c]);
+    out[r] = S::reduce_add(sum);
+  }
+}
+
 // Rows of A widened to float (values of T, kp a multiple of 2W), put in load_pair's lane
 // order within each block of 2W, as skinny_nt_block<..., Pairs> reads them: each block goes
 // back to T and through load_pair, as B's rows will (exact: T -> float -> T).
@@ -115,28 +172,37 @@ inline void to_pair_order(float* a, int64_t rows, int64_t kp) {
 }
 
 // pairs: A packed in load_pair's order (gemm_skinny decides, for all of A's rows at once;
-// only up to kSkinnyPairRows rows, so only such MR have a pair form)
+// only up to kSkinnyPairRows rows, which the one-row form reads)
 template <class T, int MR>
 void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t j0, int64_t j1,
                bool pairs) {
-  constexpr int NB = skinny_nt_rows<MR>();
-  float out[MR][NB];
-  for (int64_t j = j0; j < j1; j += NB) {
-    const int nb = static_cast<int>(std::min<int64_t>(NB, j1 - j));
-    const int64_t after = j + NB;  // the next block, within this range only
-    const T* next = after < j1 ? B + after * ldb : nullptr;
-    const int next_nb = static_cast<int>(std::min<int64_t>(NB, j1 - after));
-    if constexpr (kPairsPermute<T> && MR <= kSkinnyPairRows) {
-      if (pairs) {
-        skinny_nt_block<T, MR, NB, true>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+  static_assert(kSkinnyPairRows <= kSkinnyStreamRows, "A in pair order only reaches the one-row form");
+  if constexpr (MR <= kSkinnyStreamRows) {
+    float out[MR];
+    for (int64_t j = j0; j < j1; ++j) {
+      if constexpr (kPairsPermute<T> && MR <= kSkinnyPairRows) {
+        if (pairs) {
+          skinny_nt_row<T, MR, true>(ap, kp, B + j * ldb, k, out);
+        } else {
+          skinny_nt_row<T, MR>(ap, kp, B + j * ldb, k, out);
+        }
       } else {
-        skinny_nt_block<T, MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+        skinny_nt_row<T, MR>(ap, kp, B + j * ldb, k, out);
       }
-    } else {
-      skinny_nt_block<T, MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+      for (int r = 0; r < MR; ++r) D[r * n + j] = tnc::from_float<T>(out[r]);
     }
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < nb; ++c) D[r * n + j + c] = tnc::from_float<T>(out[r][c]);
+  } else {
+    constexpr int NB = skinny_nt_rows<MR>();
+    float out[MR][NB];
+    for (int64_t j = j0; j < j1; j += NB) {
+      const int nb = static_cast<int>(std::min<int64_t>(NB, j1 - j));
+      const int64_t after = j + NB;  // the next block, within this range only
+      const T* next = after < j1 ? B + after * ldb : nullptr;
+      const int next_nb = static_cast<int>(std::min<int64_t>(NB, j1 - after));
+      skinny_nt_block<T, MR, NB>(ap, kp, B + j * ldb, ldb, k, nb, out, next, next_nb);
+      for (int r = 0; r < MR; ++r)
+        for (int c = 0; c < nb; ++c) D[r * n + j + c] = tnc::from_float<T>(out[r][c]);
+    }
   }
 }
 
@@ -182,7 +248,7 @@ template <class T>
 void gemm_skinny(const tnc::GemmArgs& g, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const bool nt = g.b_row == 1 && !(g.b_col == 1 && n > 1);  // B[j, :] contiguous along K
-  // A in load_pair's lane order (skinny_nt_block) where B's rows are read in pairs: up to
+  // A in load_pair's lane order (skinny_nt_row) where B's rows are read in pairs: up to
   // kSkinnyPairRows rows of A. With more, each B load meets enough FMAs that widening W at a time is
   // as fast, and the pair form's two A vectors per step cost registers (AVX2, m = 4:
   // 8 GB/s of weight in pairs, 11-12 without).
