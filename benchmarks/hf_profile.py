@@ -14,13 +14,16 @@ the same decode step of a model as deep but tiny (hidden 128: the same op calls 
 same Python, on warm caches), and the machine's read bandwidth. Decode steps are timed
 twice, replayed from a native_cpu kernel tape (the default: docs/transformers.md) and
 through the fused loop; the per-op profile runs through the loop, since a replayed step
-makes no op calls.
+makes no op calls. Then the recorded tape is replayed alone with each kernel call timed by
+the tape (``replay_timed``), per kernel and argument shapes: the kernels' own share of a
+replayed step, without the Python around them.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import re
 import statistics
 import time
 import warnings
@@ -106,6 +109,30 @@ def report(title: str, timer: OpTimer, total: float, per: int) -> None:
         print(f"    {kind:<50} {timer.gaps[kind] / per * 1e3:8.3f} ms  {n / per:5.1f} gaps{mean}")
 
 
+def report_tape(tape, replays: int) -> None:
+    """The recorded decode step replayed alone (no model Python around it), each call timed
+    by the tape; per kernel and argument shapes: medians over the replays, summed over the
+    step's calls."""
+    names = tape.descriptions()
+    runs = [tape.replay_timed() for _ in range(replays)]
+    per_call = [statistics.median(run[i] for run in runs) for i in range(len(names))]
+    total = statistics.median(sum(run) for run in runs)
+    groups: dict[str, list[float]] = collections.defaultdict(list)
+    for name, sec in zip(names, per_call):
+        groups[name.removeprefix(f"{TARGET} ")].append(sec)
+    print(f"\ndecode step replayed alone from its kernel tape ({len(names)} calls, medians of {replays} replays): "
+          f"{total * 1e3:.2f} ms")
+    for name, secs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        extra = ""
+        shapes = [[int(d) for d in re.findall(r"\d+", s)] for s in re.findall(r"\[[\d, ]*\]", name.split(": ", 1)[1])]
+        if name.startswith("GemmFwdOp") and len(shapes) >= 2 and shapes[0][0] == 1:
+            n, k = shapes[1]
+            extra = f"  {n * k * 2 / statistics.median(secs) / 1e9:6.1f} GB/s of weight"
+        kernel = name.split("(", 1)[0]
+        print(f"  {kernel + ' ' + name.split(': ', 1)[1].split(' -> ')[0]:<64.64} {sum(secs) * 1e3:8.3f} ms  "
+              f"{len(secs):3d} calls{extra}")
+
+
 @torch.no_grad()
 def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
     """Median seconds of a decode step of CONFIG's model at hidden 128 (same depth and
@@ -160,6 +187,7 @@ def main() -> int:
     replay = fused.replay
     decode(4, None)  # kernels built
     replayed = decode(args.steps, None) / args.steps
+    tape = replay.recording.tape if replay is not None and replay.recording is not None else None
     fused.replay = None  # the loop: a replayed step makes no op calls for the timers to see
     plain = decode(args.steps, None) / args.steps
     warm = [tiny_decode_step(ids, args.steps, r) for r in (True, False)]
@@ -170,6 +198,8 @@ def main() -> int:
           f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
           f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop")
     report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
+    if tape is not None:
+        report_tape(tape, args.steps)
 
     long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
     for _ in range(2):

@@ -38,6 +38,22 @@ def test_replay_recomputes_the_chain_from_inputs_updated_in_place():
     assert torch.equal(out, want)
 
 
+def test_a_timed_replay_recomputes_and_times_each_call():
+    gen = torch.Generator().manual_seed(1)
+    a, w, g = torch.randn(3, 64, generator=gen, dtype=BF), torch.randn(32, 64, generator=gen, dtype=BF), torch.rand(32, dtype=BF)
+    chain = _chain()
+    chain(a, w, g)
+    tape = kernel_tape()
+    with tape:
+        out = chain(a, w, g)
+    assert [d.split(": ", 1)[1] for d in tape.descriptions()] == ["[3, 64], [32, 64] -> [3, 32]", "[3, 32], [32] -> [3, 32]"]
+    a.copy_(torch.randn(3, 64, generator=gen, dtype=BF))
+    want = chain(a, w, g)
+    seconds = tape.replay_timed()
+    assert torch.equal(out, want)
+    assert len(seconds) == len(tape) and all(isinstance(s, float) and 0 <= s < 10 for s in seconds)
+
+
 def test_a_replay_whose_input_changed_shape_is_refused():
     a, w = torch.randn(2, 64, dtype=BF), torch.randn(32, 64, dtype=BF)
     gemm = ops.GemmFwdOp(False, True, target=TARGET)

@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <string>
 #include <vector>
@@ -35,7 +36,7 @@ class Tape final : public OutputTap {
 
   void record();
   void stop();
-  void replay();
+  void replay(std::vector<double>* seconds = nullptr);
   size_t size() const { return calls_.size(); }
   std::vector<std::string> descriptions() const;
   PyObject* call(PyObject* self, Kernel* k, PyObject* args);
@@ -123,9 +124,11 @@ PyObject* Tape::output(int ndim, const int64_t* shape, DType dtype, void** data)
   return o.tensor;
 }
 
-void Tape::replay() {
+// seconds: when given, each call's wall time is appended (a profile of a replayed step)
+void Tape::replay(std::vector<double>* seconds) {
   if (recording_) throw nb::value_error("a tape cannot replay while it records");
   for (RecordedCall& c : calls_) {
+    const auto start = seconds != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     current_ = &c;
     cursor_ = 0;
     output_tap() = this;
@@ -134,12 +137,36 @@ void Tape::replay() {
     current_ = nullptr;
     if (out == nullptr) throw nb::python_error();
     Py_DECREF(out);
+    if (seconds != nullptr) seconds->push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 
+// "[1, 5632]"
+std::string shape_text(const int64_t* shape, size_t ndim) {
+  std::string s = "[";
+  for (size_t j = 0; j < ndim; ++j) s += (j ? ", " : "") + std::to_string(shape[j]);
+  return s + "]";
+}
+
+// "native_cpu GemmFwdOp(bfloat16, ...): [1, 1024], [5632, 1024] -> [1, 5632]": the kernel,
+// its tensor arguments' shapes (None for an absent one) and its outputs' shapes
 std::vector<std::string> Tape::descriptions() const {
   std::vector<std::string> out;
-  for (const RecordedCall& c : calls_) out.push_back(nb::inst_ptr<Kernel>(c.kernel)->description);
+  for (const RecordedCall& c : calls_) {
+    std::string d = nb::inst_ptr<Kernel>(c.kernel)->description + ":";
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c.args); ++i) {
+      nb::handle arg(PyTuple_GET_ITEM(c.args, i));
+      d += i ? ", " : " ";
+      if (arg.is_none()) {
+        d += "None";
+      } else {
+        const auto shape = nb::cast<std::vector<int64_t>>(nb::tuple(arg.attr("shape")));
+        d += shape_text(shape.data(), shape.size());
+      }
+    }
+    for (size_t i = 0; i < c.outputs.size(); ++i) d += (i ? ", " : " -> ") + shape_text(c.outputs[i].shape.data(), c.outputs[i].shape.size());
+    out.push_back(std::move(d));
+  }
   return out;
 }
 
@@ -157,9 +184,17 @@ void bind_tape(nb::module_& m) {
       .def(nb::init<>())
       .def("__enter__", [](Tape& t) -> Tape& { t.record(); return t; }, nb::rv_policy::reference)
       .def("__exit__", [](Tape& t, nb::args) { t.stop(); })
-      .def("replay", &Tape::replay, "runs every recorded call again, in order")
+      .def("replay", [](Tape& t) { t.replay(); }, "runs every recorded call again, in order")
+      .def(
+          "replay_timed",
+          [](Tape& t) {
+            std::vector<double> seconds;
+            t.replay(&seconds);
+            return seconds;
+          },
+          "replay(), returning each call's wall time in seconds (in the order of descriptions())")
       .def("__len__", &Tape::size)
-      .def("descriptions", &Tape::descriptions, "the recorded calls' kernels, in order");
+      .def("descriptions", &Tape::descriptions, "the recorded calls, in order: each kernel, its arguments' shapes and its outputs' shapes");
 }
 
 }  // namespace tnc
