@@ -60,6 +60,9 @@ class FusedModel:
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
         self.output = _output_class(base)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
+        # their hook dicts, which registering a hook fills in place: checked on every forward,
+        # so one flat tuple to test (a decode step's Python runs on caches its weights flushed)
+        self.hook_dicts = tuple(d for m in self.submodules for d in (m._forward_hooks, m._forward_pre_hooks))
         self.replay = DecodeReplay(self) if all(gated) and replay_wanted() else None
 
     def accepts(self, kwargs: dict) -> bool:
@@ -70,7 +73,7 @@ class FusedModel:
             return False
         if _module._global_forward_hooks or _module._global_forward_pre_hooks:
             return False
-        if any(m._forward_hooks or m._forward_pre_hooks for m in self.submodules):
+        if any(self.hook_dicts):
             return False
         if torch.compiler.is_compiling():  # transformers' forward is what compile is tested on
             return False
