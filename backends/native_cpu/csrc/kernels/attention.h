@@ -409,6 +409,16 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
         std::fill(lsum + h * W, lsum + (h + 1) * W, 0.f);
       }
       int64_t row[W], ahead[W];  // cache rows of this block's keys and of the block prefetched
+      // the blocks before the first one the loop prefetches: asked for now, all at once
+      // (a decode step's keys are cold, its weights having streamed through the caches)
+      for (int64_t k0 = n0; k0 < std::min(n1, n0 + kPrefetchBlocks * W); k0 += W) {
+        const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
+        key_rows(a, b, k0, bk, ahead);
+        for (int j = 0; j < bk; ++j) {
+          prefetch_l2(static_cast<const T*>(a.k) + ahead[j] * kv_tok, Hkv * slice_bytes);
+          prefetch_l2(static_cast<const T*>(a.v) + ahead[j] * kv_tok, Hkv * slice_bytes);
+        }
+      }
       for (int64_t k0 = n0; k0 < n1; k0 += W) {
         const int bk = static_cast<int>(std::min<int64_t>(W, n1 - k0));
         const int na = static_cast<int>(std::clamp<int64_t>(n1 - k0 - kPrefetchBlocks * W, 0, W));
