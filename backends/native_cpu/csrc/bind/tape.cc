@@ -149,7 +149,8 @@ std::string shape_text(const int64_t* shape, size_t ndim) {
 }
 
 // "native_cpu GemmFwdOp(bfloat16, ...): [1, 1024], [5632, 1024] -> [1, 5632]": the kernel,
-// its tensor arguments' shapes (None for an absent one) and its outputs' shapes
+// its arguments' shapes (an argument without one as str() writes it: None) and its outputs'
+// shapes
 std::vector<std::string> Tape::descriptions() const {
   std::vector<std::string> out;
   for (const RecordedCall& c : calls_) {
@@ -157,11 +158,11 @@ std::vector<std::string> Tape::descriptions() const {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c.args); ++i) {
       nb::handle arg(PyTuple_GET_ITEM(c.args, i));
       d += i ? ", " : " ";
-      if (arg.is_none()) {
-        d += "None";
-      } else {
+      if (nb::hasattr(arg, "shape")) {
         const auto shape = nb::cast<std::vector<int64_t>>(nb::tuple(arg.attr("shape")));
         d += shape_text(shape.data(), shape.size());
+      } else {  // None for an absent optional input
+        d += nb::cast<std::string>(nb::str(arg));
       }
     }
     for (size_t i = 0; i < c.outputs.size(); ++i) d += (i ? ", " : " -> ") + shape_text(c.outputs[i].shape.data(), c.outputs[i].shape.size());

@@ -4,8 +4,8 @@
 // F.linear weight layout): with up to kSkinnyStreamRows rows of A, one row of B at a time,
 // front to back; with more, NB rows of B at a time, one accumulator per (A row, B row).
 // Either way each output is reduced horizontally once. NN (B rows contiguous along N): CV
-// vectors of columns at a time over all K. Included inside a per-ISA namespace by kernels/families.h
-// before kernels/gemm.h, whose entry point routes skinny products here.
+// vectors of columns at a time over all K. Included inside a per-ISA namespace by
+// kernels/families.h before kernels/gemm.h, whose entry point routes skinny products here.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
 
