@@ -244,14 +244,23 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
 
 @contextlib.contextmanager
 def _fused_calls(model):
-    """Counts the calls of the model's fused forward (_fused_model.py) while active."""
-    calls, fused = [], model.model._tileops.fused
-    original = type(fused).forward
-    type(fused).forward = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    """Counts the forwards the fused model (_fused_model.py) served while active: its
+    forward's calls, and the causal LM decode steps it served whole (decode_logits)."""
+    calls, cls = [], type(model.model._tileops.fused)
+    forward, decode_logits = cls.forward, cls.decode_logits
+
+    def served(self, *a, **k):
+        step = decode_logits(self, *a, **k)
+        if step is not None:
+            calls.append(1)
+        return step
+
+    cls.forward = lambda self, *a, **k: calls.append(1) or forward(self, *a, **k)
+    cls.decode_logits = served
     try:
         yield calls
     finally:
-        type(fused).forward = original
+        cls.forward, cls.decode_logits = forward, decode_logits
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -414,6 +423,28 @@ def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch,
         _, replayed, _ = _teacher_forced(model, ids[rows], mask[rows], tokens, steps=40)
         assert torch.equal(replayed, looped)
     assert replay.replays >= 60 and not replay.refused
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
+def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bits(arch):
+    """Llama, Mistral and Qwen2/3's causal LMs serve a decode step whole (_patch.py): the
+    layers and lm_head replay as one tape, giving the logits of transformers' forward, to
+    which a hook on lm_head sends the step (bit for bit, a left-padded batch). Gemma 3 caps
+    its logits after the head and keeps transformers' forward; disable removes the patch."""
+    model = _model(arch)
+    report = hf.enable(model, target=TARGET)
+    plain = arch != "gemma3"
+    assert report.count("causal LM decode step") == plain
+    ids, mask = _prompt(True)
+    whole = _teacher_forced(model, ids, mask, steps=4)
+    last = model.model._tileops.fused.replay.recording.tape.descriptions()[-1]
+    assert last.endswith(f"-> [2, {model.config.vocab_size}]") == plain  # the head's GEMM ends the tape
+    hook = model.lm_head.register_forward_hook(lambda *a: None)
+    through_transformers = _teacher_forced(model, ids, mask, tokens=whole[2], steps=4)
+    hook.remove()
+    assert torch.equal(whole[1], through_transformers[1])
+    hf.disable(model)
+    assert "forward" not in model.__dict__ and "_tileops" not in model.__dict__
 
 
 def test_a_recording_in_which_torch_computed_is_discarded_and_the_step_stands(monkeypatch):

@@ -25,7 +25,8 @@ Any other call runs transformers' forward over the same patched modules.
 
 A decode step (one token per sequence, on a cache) goes through ``DecodeReplay``
 (``_replay.py``), which replays the layers' kernel calls from a native_cpu tape where
-that is safe and runs ``layers_forward`` otherwise.
+that is safe and runs ``layers_forward`` otherwise. A plain causal LM's decode step
+(``_patch.py``) comes to ``decode_logits`` instead, whose tape ends with the LM head.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import ModelOutput
 
 from ._attention import padding_mask
+from ._cache import TileopsCache
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
 from ._fusion import norm_eps, norm_weight
 from ._replay import DecodeReplay, replay_wanted
@@ -83,9 +85,40 @@ class FusedModel:
         masks = mask.values() if isinstance(mask, dict) else (mask,)
         return all(m is None or isinstance(m, torch.Tensor) and m.ndim == 2 for m in masks)
 
-    def forward(self, cache: Any, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
+    def forward(self, cache: Any, return_dict: bool | None = None, **kwargs: Any):
+        rows, pos, masks, batch, q_len = self._inputs(cache, **kwargs)
+        if q_len == 1 and self.replay is not None and cache is not None:  # a decode step
+            x = self.replay.step(cache, rows, pos, masks, batch)
+        else:
+            x = self.layers_forward(rows.contiguous(), pos, masks, cache, batch, q_len)
+        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
+        return out.to_tuple() if return_dict is False else out
+
+    def decode_logits(self, head: nn.Linear, kwargs: dict) -> tuple[torch.Tensor, TileopsCache] | None:
+        """A causal LM's decode step (``_patch.py``): its forward's keyword arguments ->
+        (logits ``[B, 1, vocab]``, the cache), the layers and ``head`` replayed as one tape
+        (``DecodeReplay``); None where the call is not such a step (transformers' forward
+        then runs it). Its logits are the bits of transformers' forward, whose ``lm_head``
+        runs the same GEMM on the same rows."""
+        kw = dict(kwargs)
+        cache = kw.pop("cache", None)
+        cache = kw.pop("past_key_values", None) if cache is None else cache
+        keep = kw.pop("logits_to_keep", 0)  # any int keeps the one position of a decode step
+        ids = kw.get("input_ids")
+        if (self.replay is None or not isinstance(cache, TileopsCache) or cache.paged is None or ids is None
+                or ids.ndim != 2 or ids.shape[1] != 1 or kw.get("inputs_embeds") is not None
+                or type(keep) is not int or kw.pop("labels", None) is not None or kw.get("use_cache") is False
+                or kw.pop("return_dict", None) is False or head._forward_hooks or head._forward_pre_hooks
+                or not self.accepts(kw)):
+            return None
+        rows, pos, masks, batch, _ = self._inputs(cache, **kw)
+        return self.replay.step(cache, rows, pos, masks, batch, head).view(batch, 1, -1), cache
+
+    def _inputs(self, cache: Any, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
                 position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                return_dict: bool | None = None, cache_position: torch.Tensor | None = None, **_flags: Any):
+                cache_position: torch.Tensor | None = None, **_flags: Any):
+        """(rows ``[B * S, hidden]`` of the embeddings, positions ``[B * S]``, each layer's
+        padding mask, B, S)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         h = self.base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -98,13 +131,7 @@ class FusedModel:
         batch, q_len = h.shape[:2]
         masks = self._masks(attention_mask, q_len)
         pos = positions_of(self.layers[0].self_attn, position_ids, batch, q_len)  # one check for all layers
-        rows = h.reshape(batch * q_len, -1)
-        if q_len == 1 and self.replay is not None and cache is not None:  # a decode step
-            x = self.replay.step(cache, rows, pos, masks, batch)
-        else:
-            x = self.layers_forward(rows.contiguous(), pos, masks, cache, batch, q_len)
-        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
-        return out.to_tuple() if return_dict is False else out
+        return h.reshape(batch * q_len, -1), pos, masks, batch, q_len
 
     def layers_forward(self, residual: torch.Tensor, pos: torch.Tensor, masks: list[torch.Tensor | None], cache: Any,
                        batch: int, q_len: int) -> torch.Tensor:

@@ -15,6 +15,8 @@ report. Nothing is guessed.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import types
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from tileops.serving.host_memory import huge_pages_available
 
@@ -101,6 +104,40 @@ def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
         args = (kwargs.pop("input_ids"),) if args else ()
     kwargs[st.cache_kw] = cache
     return st.forward(*args, **kwargs)
+
+
+# Causal LMs whose forward is the base model, logits_to_keep's slice and lm_head, and a loss
+# only with labels: a decode step of theirs can be served whole (_causal_lm_forward_like).
+# (Gemma 3 caps its logits after the head; Qwen3-MoE's base model does not replay.)
+_PLAIN_CAUSAL_LMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def _causal_lm_forward_like(cls_forward: Any) -> Any:
+    """The causal LM's forward, with the signature of its class's (``generate`` reads it): a
+    decode step it can serve whole goes to ``FusedModel.decode_logits`` (the layers and
+    lm_head replayed as one tape, none of transformers' module calls and outputs around
+    them); any other call to transformers' forward."""
+
+    @functools.wraps(cls_forward)
+    def forward(self: nn.Module, *args: Any, **kwargs: Any):
+        st = self._tileops
+        step = None if args else st.fused.decode_logits(st.head, kwargs)
+        if step is None:
+            return st.forward(*args, **kwargs)
+        logits, cache = step
+        return st.output(logits=logits, **{_cache_field(st.output): cache})
+
+    return forward
+
+
+def _output_class(model: nn.Module) -> type:
+    made = inspect.signature(type(model).forward).return_annotation
+    return made if isinstance(made, type) else CausalLMOutputWithPast
+
+
+def _cache_field(output: type) -> str:
+    """transformers 5.24 renamed the outputs' past_key_values to cache."""
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(output)} else "past_key_values"
 
 
 def _empty(cache: Any) -> bool:
@@ -385,6 +422,13 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw, fused=fused)
         base.forward = types.MethodType(_base_model_forward, base)
         saved["base"] = base
+        head = getattr(model, "lm_head", None)
+        if (fused is not None and fused.replay is not None and type(model).__name__ in _PLAIN_CAUSAL_LMS
+                and base is getattr(model, "model", None) and head is not None and "_tileops" in head.__dict__):
+            plan.report.replaced["causal LM decode step"] = [type(model).__name__]
+            model._tileops = types.SimpleNamespace(name="causal LM", forward=model.forward, fused=fused, head=head,
+                                                   output=_output_class(model))
+            model.forward = types.MethodType(_causal_lm_forward_like(type(model).forward), model)
     model._tileops_enabled = saved
     return plan.report
 

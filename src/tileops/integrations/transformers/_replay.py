@@ -16,7 +16,9 @@ same kernels on the same tensors, each call checked by its kernel as any call is
   and block table in place (``TileopsCache._begin``);
 - every later step copies its embeddings and positions into those, does the cache's
   bookkeeping (``begin_forward``, ``layers_ran``) and replays the tape, whose last norm
-  writes the step's output (returned as a copy: the next replay overwrites it).
+  writes the step's output (returned as a copy: the next replay overwrites it); or, for a
+  causal LM's step served whole (``FusedModel.decode_logits``), whose LM head's GEMM
+  writes the step's logits. Each thread keeps one tape of each kind.
 
 A tape serves while what it recorded holds: the same cache, pools (a pool that grows is
 new memory), block table and lengths tensors, and batch. Otherwise the step records anew.
@@ -46,12 +48,14 @@ import weakref
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tileops import _C
 from tileops.ops.op import Op
 
 from ._cache import TileopsCache
+from ._forwards import linear_rows
 
 __all__ = ["DecodeReplay", "Recording", "replay_wanted"]
 
@@ -108,25 +112,31 @@ class DecodeReplay:
 
     def __init__(self, fused: Any) -> None:
         self.fused = fused
-        self._local = threading.local()  # .recording: this thread's Recording
+        # .recordings: this thread's Recording per kind of step (with the head or without);
+        # .last: the one it used last
+        self._local = threading.local()
         self.discarded: collections.Counter[int] = collections.Counter()  # per batch size
         self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
         self.replays = 0  # steps replayed (for tests and benchmarks)
 
     @property
     def recording(self) -> Recording | None:
-        """This thread's recording, if it has one."""
-        return getattr(self._local, "recording", None)
+        """This thread's recording of its last replayed or recorded step, if it has one."""
+        return getattr(self._local, "last", None)
 
-    def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int) -> torch.Tensor:
-        """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``."""
+    def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
+             head: nn.Linear | None = None) -> torch.Tensor:
+        """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
+        with ``head`` (the causal LM's served output projection, ``_patch.py``), its logits
+        ``[B, vocab]``, the head's GEMM on the tape with the layers."""
         fused = self.fused
         if batch in self.refused or not isinstance(cache, TileopsCache) or cache.paged is None or rows.device.type != "cpu":
-            return fused.layers_forward(rows.contiguous(), pos, masks, cache, batch, 1)
+            return self._forward(rows.contiguous(), pos, masks, cache, batch, head)
         step = cache.begin_forward(batch, 1, masks[0])
         key = (cache.paged, cache.paged.num_pages, step.block_table, step.cache_seqlens, step.cu_seqlens_q, rows.dtype,
-               batch)
-        mine = self.recording
+               batch, head)
+        recordings = self._recordings()
+        mine = recordings.get(head is not None)
         if mine is not None and mine.serves(cache, key):
             h, p = mine.inputs
             h.copy_(rows)
@@ -134,22 +144,37 @@ class DecodeReplay:
             cache.layers_ran(1)
             mine.tape.replay()
             self.replays += 1
+            self._local.last = mine
             return mine.output.clone()
-        return self._record(cache, rows, pos, masks, batch, key)
+        return self._record(cache, rows, pos, masks, batch, key, head)
+
+    def _recordings(self) -> dict[bool, Recording]:
+        if not hasattr(self._local, "recordings"):
+            self._local.recordings = {}
+        return self._local.recordings
+
+    def _forward(self, rows: torch.Tensor, pos: torch.Tensor, masks: list, cache: Any, batch: int,
+                 head: nn.Linear | None) -> torch.Tensor:
+        x = self.fused.layers_forward(rows, pos, masks, cache, batch, 1)
+        return x if head is None else linear_rows(head, x)
 
     def _record(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
-                key: tuple) -> torch.Tensor:
+                key: tuple, head: nn.Linear | None) -> torch.Tensor:
         try:
             from tileops_native_cpu import kernel_tape  # noqa: PLC0415 - only where native_cpu serves the model
         except ImportError:
             self.refused[batch] = f"{TARGET} (pip install tileops-native-cpu) is not installed"
-            return self.fused.layers_forward(rows.contiguous(), pos, masks, cache, batch, 1)
-        self._local.recording = None  # the old tape's tensors go now, not after this one is made
+            return self._forward(rows.contiguous(), pos, masks, cache, batch, head)
+        recordings = self._recordings()
+        old = recordings.pop(head is not None, None)  # the old tape's tensors go now, not after this one is made
+        if self.recording is old:
+            self._local.last = None
+        del old
         h, p = rows.clone(), pos.clone()
         tape, watch = kernel_tape(), _OnlyViews()
         with watch, tape:
-            x = self.fused.layers_forward(h, p, masks, cache, batch, 1)
-        elsewhere = sorted({f"{type(op).__name__} on {op.settled_target}" for op in self._ops()
+            x = self._forward(h, p, masks, cache, batch, head)
+        elsewhere = sorted({f"{type(op).__name__} on {op.settled_target}" for op in self._ops(head)
                             if op.settled_target not in (None, TARGET)})
         if elsewhere:
             self.refused[batch] = f"ops run elsewhere than {TARGET}: {', '.join(elsewhere)}"
@@ -158,14 +183,15 @@ class DecodeReplay:
             if self.discarded[batch] >= ATTEMPTS:
                 self.refused[batch] = f"torch computed between the kernels: {', '.join(sorted(set(watch.computed)))}"
         else:
-            self._local.recording = Recording(tape, (h, p), x, key, cache)
+            recordings[head is not None] = self._local.last = Recording(tape, (h, p), x, key, cache)
         return x.clone()
 
-    def _ops(self) -> list[Op]:
+    def _ops(self, head: nn.Linear | None = None) -> list[Op]:
         """Every op the fused loop's modules hold (their states, stacked projections, the
-        attention ops made per shape) and the add-and-norm ops between the layers."""
+        attention ops made per shape), the add-and-norm ops between the layers, and the
+        head's."""
         found: list[Op] = [op for op, _ in self.fused.into]
-        todo: list[Any] = [m.__dict__.get("_tileops") for m in self.fused.submodules]
+        todo: list[Any] = [m.__dict__.get("_tileops") for m in [*self.fused.submodules, head] if m is not None]
         seen: set[int] = set()
         while todo:
             obj = todo.pop()
