@@ -443,6 +443,16 @@ def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bi
     through_transformers = _teacher_forced(model, ids, mask, tokens=whole[2], steps=4)
     hook.remove()
     assert torch.equal(whole[1], through_transformers[1])
+    if plain:  # input ids by position, as model(ids) passes them
+        cache = _cache(model(input_ids=ids, attention_mask=mask, use_cache=True))
+        replays = model.model._tileops.fused.replay.replays
+        for t in range(2):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = model(whole[2][:, t : t + 1], attention_mask=mask, use_cache=True, **{_cache_kw(model): cache}).logits
+            assert torch.equal(logits[:, -1], whole[1][t])
+        replay = model.model._tileops.fused.replay
+        assert replay.replays == replays + 1  # the first step records
+        assert replay.recording.tape.descriptions()[-1].endswith(f"-> [2, {model.config.vocab_size}]")
     hf.disable(model)
     assert "forward" not in model.__dict__ and "_tileops" not in model.__dict__
 

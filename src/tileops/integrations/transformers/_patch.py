@@ -121,7 +121,9 @@ def _causal_lm_forward_like(cls_forward: Any) -> Any:
     @functools.wraps(cls_forward)
     def forward(self: nn.Module, *args: Any, **kwargs: Any):
         st = self._tileops
-        step = None if args else st.fused.decode_logits(st.head, kwargs)
+        step = None
+        if len(args) <= 1 and not (args and "input_ids" in kwargs):  # input_ids may come first, by position
+            step = st.fused.decode_logits(st.head, {"input_ids": args[0], **kwargs} if args else kwargs)
         if step is None:
             return st.forward(*args, **kwargs)
         logits, cache = step
