@@ -383,8 +383,10 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   int64_t splits = 1;
   if (a.batch < 4 * threads)
     splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
+  // each split's (max, denominator, O) per head, merged below; one split per request writes
+  // its result directly (no buffer, no second region: a third of a short step's time)
   const int64_t part_stride = ostride + 2;
-  std::vector<float> parts(static_cast<size_t>(groups * splits * G * part_stride));
+  std::vector<float> parts(splits > 1 ? static_cast<size_t>(groups * splits * G * part_stride) : 0);
   const int64_t kv_tok = Hkv * D, slice_bytes = D * static_cast<int64_t>(sizeof(T));
   constexpr int kPrefetchBlocks = 2;  // how far ahead, in blocks of W positions
   // keys per P V pass over the KV heads: every O row is loaded and stored once per pass
@@ -480,14 +482,22 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
         }
       }
       for (int64_t h = 0; h < H; ++h) {
+        const float l = S::reduce_add(S::load(lsum + h * W));
+        if (splits == 1) {
+          const float inv = l > 0.f ? 1.f / l : 0.f;
+          T* dst = static_cast<T*>(a.o) + (a.q_begin[b] * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(O[h * ostride + Policy::o_index(d)] * inv);
+          continue;
+        }
         const int64_t grp = b * Hkv + h / G, g = h % G;
         float* part = parts.data() + ((grp * splits + sp) * G + g) * part_stride;
         part[0] = mx[h];
-        part[1] = S::reduce_add(S::load(lsum + h * W));
+        part[1] = l;
         std::copy(O + h * ostride, O + (h + 1) * ostride, part + 2);
       }
     }
   });
+  if (splits == 1) return;
   // merge the splits of each (sequence, head): in a stack buffer, or for a head_dim above
   // 1024 in the thread's scratch (free again once the region above is done)
   auto merge = [&](int64_t hg, float* acc) {
