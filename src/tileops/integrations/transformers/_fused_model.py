@@ -46,7 +46,7 @@ from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsn
 from ._fusion import norm_eps, norm_weight
 from ._replay import DecodeReplay, replay_wanted
 
-__all__ = ["FusedModel", "plan_fused_model"]
+__all__ = ["FusedModel", "output_class", "plan_fused_model"]
 
 _FLAGS = ("output_attentions", "output_hidden_states", "output_router_logits")
 _KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "return_dict",
@@ -60,7 +60,7 @@ class FusedModel:
                  layer_types: list[str] | None) -> None:
         self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
-        self.output = _output_class(base)
+        self.output = output_class(base)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
         # their hook dicts, which registering a hook fills in place: checked on every forward,
         # so one flat tuple to test (a decode step's Python runs on caches its weights flushed)
@@ -192,9 +192,8 @@ def _served(linear: Any) -> bool:
     return linear is not None and "_tileops" in linear.__dict__
 
 
-def _output_class(base: nn.Module) -> type:
-    """The output class transformers' forward of ``base`` returns (MoE models have their
+def output_class(module: nn.Module, default: type = BaseModelOutputWithPast) -> type:
+    """The output class transformers' forward of ``module`` returns (MoE models have their
     own, with router logits)."""
-    made = inspect.signature(type(base).forward).return_annotation
-    return made if isinstance(made, type) and issubclass(made, ModelOutput) else (
-        BaseModelOutputWithPast)
+    made = inspect.signature(type(module).forward).return_annotation
+    return made if isinstance(made, type) and issubclass(made, ModelOutput) else default

@@ -132,11 +132,6 @@ def _causal_lm_forward_like(cls_forward: Any) -> Any:
     return forward
 
 
-def _output_class(model: nn.Module) -> type:
-    made = inspect.signature(type(model).forward).return_annotation
-    return made if isinstance(made, type) else CausalLMOutputWithPast
-
-
 def _cache_field(output: type) -> str:
     """transformers 5.24 renamed the outputs' past_key_values to cache."""
     return "cache" if "cache" in {f.name for f in dataclasses.fields(output)} else "past_key_values"
@@ -429,7 +424,7 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
                 and base is getattr(model, "model", None) and head is not None and "_tileops" in head.__dict__):
             plan.report.replaced["causal LM decode step"] = [type(model).__name__]
             model._tileops = types.SimpleNamespace(name="causal LM", forward=model.forward, fused=fused, head=head,
-                                                   output=_output_class(model))
+                                                   output=_fused_model.output_class(model, CausalLMOutputWithPast))
             model.forward = types.MethodType(_causal_lm_forward_like(type(model).forward), model)
     model._tileops_enabled = saved
     return plan.report
