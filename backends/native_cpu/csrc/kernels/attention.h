@@ -384,7 +384,7 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   if (a.batch < 4 * threads)
     splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
   // each split's (max, denominator, O) per head, merged below; one split per request writes
-  // its result directly (no buffer, no second region: a third of a short step's time)
+  // its result directly (no buffer, no second parallel region)
   const int64_t part_stride = ostride + 2;
   std::vector<float> parts(splits > 1 ? static_cast<size_t>(groups * splits * G * part_stride) : 0);
   const int64_t kv_tok = Hkv * D, slice_bytes = D * static_cast<int64_t>(sizeof(T));
@@ -392,6 +392,11 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   // keys per P V pass over the KV heads: every O row is loaded and stored once per pass
   // (16 against 8: 11% less time per block, in the caches on one thread)
   constexpr int kValueKeys = 16;
+  // a head's output row: its O row (in the policy's channel order) over the softmax sum l
+  auto store_head = [D](const float* o, float l, T* dst) {
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(o[Policy::o_index(d)] * inv);
+  };
   tnc::parallel_for(a.batch * splits, 1, threads, [&](int64_t i0, int64_t i1) {
     float* Q = scratch(static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + 2 * H * W + H + Policy::prob_floats(H)), 0);
     float* O = Q + Policy::query_floats(H, D);
@@ -484,9 +489,7 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
       for (int64_t h = 0; h < H; ++h) {
         const float l = S::reduce_add(S::load(lsum + h * W));
         if (splits == 1) {
-          const float inv = l > 0.f ? 1.f / l : 0.f;
-          T* dst = static_cast<T*>(a.o) + (a.q_begin[b] * H + h) * D;
-          for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(O[h * ostride + Policy::o_index(d)] * inv);
+          store_head(O + h * ostride, l, static_cast<T*>(a.o) + (a.q_begin[b] * H + h) * D);
           continue;
         }
         const int64_t grp = b * Hkv + h / G, g = h % G;
@@ -513,10 +516,8 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
       l += part[1] * w;
       for (int64_t d = 0; d < ostride; ++d) acc[d] += part[2 + d] * w;
     }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
     const int64_t b = grp / Hkv, hkv = grp % Hkv;
-    T* dst = static_cast<T*>(a.o) + (a.q_begin[b] * a.heads + hkv * G + g) * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = tnc::from_float<T>(acc[Policy::o_index(d)] * inv);
+    store_head(acc, l, static_cast<T*>(a.o) + (a.q_begin[b] * a.heads + hkv * G + g) * D);
   };
   tnc::parallel_for(groups * G, 64, threads, [&](int64_t h0, int64_t h1) {
     for (int64_t hg = h0; hg < h1; ++hg) {
