@@ -123,14 +123,15 @@ def report_tape(tape, replays: int) -> None:
     print(f"\ndecode step replayed alone from its kernel tape ({len(names)} calls, medians of {replays} replays): "
           f"{total * 1e3:.2f} ms")
     for name, secs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        kernel, calls = name.split(": ", 1)  # "GemmFwdOp(...)", "[1, 1024], [5632, 1024] -> [1, 5632]"
+        inputs = calls.split(" -> ")[0]
+        shapes = [[int(d) for d in re.findall(r"\d+", s)] for s in re.findall(r"\[[\d, ]*\]", inputs)]
         extra = ""
-        shapes = [[int(d) for d in re.findall(r"\d+", s)] for s in re.findall(r"\[[\d, ]*\]", name.split(": ", 1)[1])]
-        if name.startswith("GemmFwdOp") and len(shapes) >= 2 and shapes[0][0] == 1:
+        if kernel.startswith("GemmFwdOp") and len(shapes) >= 2 and shapes[0][0] == 1:
             n, k = shapes[1]
             extra = f"  {n * k * 2 / statistics.median(secs) / 1e9:6.1f} GB/s of weight"
-        kernel = name.split("(", 1)[0]
-        print(f"  {kernel + ' ' + name.split(': ', 1)[1].split(' -> ')[0]:<64.64} {sum(secs) * 1e3:8.3f} ms  "
-              f"{len(secs):3d} calls{extra}")
+        label = f"{kernel.split('(', 1)[0]} {inputs}"
+        print(f"  {label:<64.64} {sum(secs) * 1e3:8.3f} ms  {len(secs):3d} calls{extra}")
 
 
 @torch.no_grad()
