@@ -120,9 +120,46 @@ def test_a_window_wider_than_every_request_is_no_window():
         close(varlen(34, 34, causal), varlen(-1, -1, causal))
 
 
-def test_queries_that_see_no_key_and_padding_rows_get_zeros():
+def masked_reference(q, k, v, causal, left, right, scale, softcap):
+    """One request in float: query i sits on key diagonal i + Lk - Lq; a query that sees no
+    key gets zeros."""
+    lq, lk = q.shape[0], k.shape[0]
+    group = q.shape[1] // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))
+    s = q.float().transpose(0, 1) @ kf.transpose(1, 2) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    diag = torch.arange(lq)[:, None] + lk - lq
+    j = torch.arange(lk)[None]
+    seen = j <= diag if causal else (j <= diag + right if right >= 0 else torch.ones(lq, lk, dtype=torch.bool))
+    if left >= 0:
+        seen = seen & (j >= diag - left)
+    p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1).nan_to_num(0.0)
+    return (p @ vf).transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize(("lq", "lk", "causal", "left", "right", "softcap"), [
+    (70, 70, True, -1, -1, 0.0),    # blocks of 32 queries: the last has 6
+    (45, 130, True, 20, -1, 30.0),  # queries after a cache, a left window, softcap
+    (37, 37, False, 5, 3, 0.0),     # a band around the diagonal
+    (20, 3, True, -1, -1, 0.0),     # most queries see no key
+])
+def test_prefill_masks_each_query_by_its_own_key_span(dtype, lq, lk, causal, left, right, softcap):
+    # 3 query heads a KV head: groups of rows straddle the heads of one block of queries
+    heads, heads_kv, dim = 6, 2, 40
+    gen = torch.Generator().manual_seed(lq + lk)
+    q, k, v = (torch.randn(n, h, dim, generator=gen).to(dtype) for n, h in ((lq, heads), (lk, heads_kv), (lk, heads_kv)))
+    out = run(VARLEN, q, k, v, torch.tensor([0, lq], dtype=I32), torch.tensor([0, lk], dtype=I32), None, None, None,
+              max_seqlen_q=lq, max_seqlen_kv=lk, is_causal=causal, sm_scale=dim**-0.5, softcap=softcap,
+              window_size_left=left, window_size_right=right)
+    close(out, masked_reference(q, k, v, causal, left, right, dim**-0.5, softcap).to(dtype), scale=3)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_queries_that_see_no_key_and_padding_rows_get_zeros(dtype):
     dim = 16
-    q, k, v = torch.randn(12, 2, dim).half(), torch.randn(4, 2, dim).half(), torch.randn(4, 2, dim).half()
+    q, k, v = (torch.randn(n, 2, dim).to(dtype) for n in (12, 4, 4))
     # request 0: 6 queries over 2 keys, causal bottom-right: queries 0..3 see nothing
     out = run(VARLEN, q[:6], k[:2], v[:2], torch.tensor([0, 6], dtype=I32), torch.tensor([0, 2], dtype=I32), None,
               None, None, max_seqlen_q=6, max_seqlen_kv=6, is_causal=True, sm_scale=dim**-0.5, softcap=0.0,

@@ -58,14 +58,13 @@ inline F vsoftcap(F s, float cap) {
 constexpr int64_t kAttnBQ = 32;
 constexpr int64_t kAttnBK = (64 + W - 1) / W * W;
 
-// How prefill computes its dot products: a policy with the layouts of the query rows, the
-// key block and the value block, the scores of 4 rows x kKeyVectors W keys, and the 4-row
-// P V update. Here in float: the query rows are scaled floats [rows][Dp], the key block is
-// transposed to floats Kt[D][kAttnBK], the value block is floats V[kAttnBK][Dp], and each
-// is a run of broadcast FMAs. An ISA extension (kernels/attention_avx512_bf16.h) keeps
-// them in bfloat16 pairs instead and scales the scores afterwards.
+// How prefill computes its dot products in float: the layouts of the query rows, the key
+// block and the value block, the scores of 4 rows x W keys, and the 4-row P V update. The
+// query rows are scaled floats [rows][Dp], the key block is transposed to floats
+// Kt[D][kAttnBK], the value block is floats V[kAttnBK][Dp], and each is a run of broadcast
+// FMAs. (bfloat16 on AVX512-BF16 has its own prefill, with the query rows in the lanes:
+// kernels/attention_avx512_bf16.h.)
 struct FloatPrefillScores {
-  static constexpr bool kScaled = true;  // the query rows carry the scale
   static int64_t key_floats(int64_t D) { return D * kAttnBK; }
   template <class T>
   static void load_query(float* row, const T* src, int64_t D, int64_t Dp, float scale) {
@@ -127,19 +126,28 @@ struct FloatPrefillScores {
   }
 };
 
-template <class T, class Scores = FloatPrefillScores>
-void attention(const tnc::AttentionArgs& a, int threads) {
-  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
-  struct Item {
-    int64_t b, hkv, q0;
-  };
-  // request, KV head, first query: the query blocks, request-major, each request's last
-  // block first (under a causal mask the later blocks see the most keys: claimed first,
-  // the long items no longer come last and leave one thread working alone)
-  std::vector<Item> work;
+// A prefill work item: request, KV head, first query of a block of kAttnBQ queries (all
+// G query heads of the KV head).
+struct PrefillItem {
+  int64_t b, hkv, q0;
+};
+
+// The query blocks, request-major, each request's last block first (under a causal mask
+// the later blocks see the most keys: claimed first, the long items no longer come last
+// and leave one thread working alone)
+inline std::vector<PrefillItem> prefill_items(const tnc::AttentionArgs& a) {
+  std::vector<PrefillItem> work;
   for (int64_t b = 0; b < a.batch; ++b)
     for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv)
       for (int64_t blk = (a.q_len[b] + kAttnBQ - 1) / kAttnBQ - 1; blk >= 0; --blk) work.push_back({b, hkv, blk * kAttnBQ});
+  return work;
+}
+
+template <class T>
+void attention(const tnc::AttentionArgs& a, int threads) {
+  using Scores = FloatPrefillScores;
+  const int64_t D = a.head_dim, Dp = (D + W - 1) / W * W, G = a.heads / a.heads_kv;
+  const std::vector<PrefillItem> work = prefill_items(a);
   const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
   tnc::parallel_for(static_cast<int64_t>(work.size()), 1, threads, [&](int64_t i0, int64_t i1) {
     const int64_t rows_max = G * kAttnBQ;
@@ -186,8 +194,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
             Scores::block(q, Kt, c, D, Dp, s);
             for (int i = 0; i < 4 && r0 + i < rows; ++i)
               for (int v = 0; v < Scores::kKeyVectors; ++v) {
-                F sv = s[i][v];
-                if constexpr (!Scores::kScaled) sv = S::mul(sv, S::set1(a.scale));
+                F sv = s[i][v];  // scaled: the query rows carry the scale
                 if (a.softcap > 0.f) sv = vsoftcap(sv, a.softcap);
                 S::store(P + (r0 + i) * kAttnBK + c + v * W, sv);
               }
