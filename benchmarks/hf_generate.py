@@ -19,7 +19,10 @@ Per workload (prompt length P, batch B), with greedy decoding:
   bandwidth (native_cpu's probe, run between the rounds of each workload, median: the
   bandwidth of a shared machine moves from minute to minute), times B tokens per step;
   and the share of it reached;
-- tileops' speed-ups over HF eager, prefill and decode.
+- tileops' speed-ups over HF eager, prefill and decode;
+- prefill's share of the machine's bfloat16 peak: the prompt's FLOPs (every layer's
+  projections and causal attention, the head for the last token: ``prefill_flops``) per
+  second, over native_cpu's vdpbf16ps throughput probe (the best of 9 at the start).
 At the end: how many of tileops' decode steps were replayed from a native_cpu kernel tape
 (the default where it applies: docs/transformers.md).
 """
@@ -49,11 +52,28 @@ def read_bandwidth_gbs(repeats: int = 5) -> float:
     return statistics.median(builders.native().probe_bandwidth("read", 256, torch.get_num_threads(), repeats))
 
 
+def bf16_peak_gflops(repeats: int = 9) -> float:
+    from tileops_native_cpu import builders  # noqa: PLC0415
+
+    return max(builders.native().probe_bf16_peak(torch.get_num_threads(), repeats))
+
+
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights a decode step reads: every parameter but the embedding table (one
     row of it is read)."""
     emb = model.get_input_embeddings().weight
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
+
+
+def prefill_flops(config: dict, batch: int, prompt: int) -> float:
+    """Multiply-adds x 2 of a prefill: each layer's q/k/v/o and MLP projections for every
+    token, causal attention (scores and P V over keys 0..i for query i), and the head for
+    each sequence's last token (generate keeps only those logits)."""
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    heads, heads_kv, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    proj = hidden * (heads + 2 * heads_kv) * dim + heads * dim * hidden + 3 * hidden * inter
+    attention = 2 * heads * dim * prompt * (prompt + 1) / 2
+    return 2 * batch * (layers * (prompt * proj + attention) + hidden * config["vocab_size"])
 
 
 def never_stop(model: torch.nn.Module) -> torch.nn.Module:
@@ -111,18 +131,19 @@ def main() -> int:
     model = never_stop(transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).to(torch.bfloat16).eval())
     params = sum(p.numel() for p in model.parameters())
     step_bytes = weight_bytes_per_step(model)
-    bw = read_bandwidth_gbs()
+    bw, peak = read_bandwidth_gbs(), bf16_peak_gflops()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
           f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
-          f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds)")
+          f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds); "
+          f"bf16 peak {peak:.0f} GFLOP/s (vdpbf16ps probe)")
 
     on_tileops = copy.deepcopy(model)
     enable(on_tileops, target=TARGET)
     systems = {"HF eager": model, "HF + tileops": on_tileops}
     if args.compile:
         systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
-    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'decode tok/s':>12} {'read GB/s':>9} "
-          f"{'limit tok/s':>11} {'% of limit':>10}")
+    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'% of peak':>9} {'decode tok/s':>12} "
+          f"{'read GB/s':>9} {'limit tok/s':>11} {'% of limit':>10}")
     for prompt in args.prompts:
         for batch in args.batches:
             gen = torch.Generator().manual_seed(prompt + batch)
@@ -151,8 +172,9 @@ def main() -> int:
                 pre = statistics.median(batch * prompt / p for p, _ in results[name])
                 dec = statistics.median(batch / d for _, d in results[name])
                 figures[name] = (pre, dec)
-                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {dec:12.1f} {bw:9.1f} {limit:11.1f} "
-                      f"{100 * dec / limit:9.1f}%", flush=True)
+                share = prefill_flops(CONFIG, batch, prompt) / (batch * prompt / pre) / 1e9 / peak
+                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {100 * share:8.1f}% {dec:12.1f} {bw:9.1f} "
+                      f"{limit:11.1f} {100 * dec / limit:9.1f}%", flush=True)
             (pe, de), (pt, dt) = figures["HF eager"], figures["HF + tileops"]
             print(f"{'':<14} tileops vs HF eager: prefill {pt / pe:.2f}x, decode {dt / de:.2f}x")
             print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
