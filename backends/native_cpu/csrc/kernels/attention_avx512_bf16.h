@@ -1,5 +1,5 @@
-// The attention family's code for AVX-512 BF16 (vdpbf16ps): decode and prefill scores
-// straight from the bfloat16 query and cache. Included by isa_avx512.cc inside its
+// The attention family's code for AVX-512 BF16 (vdpbf16ps): decode's policy, and a
+// prefill of its own with the query rows in the lanes. Included by isa_avx512.cc inside its
 // namespace after kernels/families.h; register_attention_avx512_bf16 replaces the bfloat16
 // decode and prefill kernels.
 #pragma once
@@ -130,7 +130,7 @@ struct Avx512Bf16Decode {
 // lane-wise max and add (no horizontal reduction per row, and masks are one compare per
 // key), and O is kept transposed, O^T[channel][16 rows]. Both products run on vdpbf16ps:
 // - scores: the rows' query pairs, packed Qp[pair][16 rows], against one key's channel
-//   pair broadcast straight from the cache (no key packing);
+//   pair, broadcast from the block's keys packed per 16-key chunk, Kt[pair][16 keys];
 // - P V: the probabilities as key pairs of the 16 rows, Pp[key pair][16 rows], against a
 //   value pair (keys 2 jp and 2 jp + 1 of one channel) broadcast from Vp[key pair][Dv].
 // The probabilities are rounded to bfloat16 pairs (as a bf16 matmul of softmax's output
@@ -195,7 +195,8 @@ inline void key_scores(__m512 s[16], const uint32_t* qp, const uint32_t* kt, int
 }
 
 // O^T[d0 .. d0 + 16) of the lane group = corr O^T + sum over key pairs jp < npairs of Pp[jp]
-// x the value pairs of those channels (16 accumulators: 32 spilled)
+// x the value pairs of those channels (16 accumulators: 32 would leave no register for
+// the operands)
 inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const uint32_t* vp, int64_t npairs, int64_t Dv,
                               int64_t d0) {
   __m512 acc[16];
