@@ -227,6 +227,13 @@ def cases() -> list[Case]:
 
     add("GeluAndMul", "[512,28672] bf16", [xg], gelu_mul, BUILDERS["GeluAndMulFwdOp"], {}, bytes=3 * 512 * 14336 * eb,
         target_eager=1.5)
+
+    def gelu_tanh_mul(x):
+        gate, value = x.chunk(2, -1)
+        return F.gelu(gate, approximate="tanh") * value
+
+    add("GeluTanhAndMul", "[512,28672] bf16", [xg], gelu_tanh_mul, BUILDERS["GeluTanhAndMulFwdOp"], {},
+        bytes=3 * 512 * 14336 * eb, target_eager=1.5)
     lo, hi = r(M, N, dtype=bf) - 1, r(M, N, dtype=bf) + 1
     add("Clamp", f"[{M},{N}] bf16 min+max", [x, lo, hi], torch.clamp, nb.build_clamp, {}, bytes=4 * M * N * eb)
     xr = r(4096, 128, dtype=bf)
@@ -266,6 +273,15 @@ def cases() -> list[Case]:
     add("RopeNonNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], lambda x, p: rope_pairs_eager(x, cp[p][:, None], sp[p][:, None]),
         BUILDERS["RopeNonNeoxPositionIdsFwdOp"], dict(max_position=8192, base=10000.0, rotary_dim=128),
         bytes=2 * xp.numel() * eb, target_eager=1.5)
+    for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_position=8192)),
+                       ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
+                                              attn_factor=1.0))):
+        cs, sn = _scaled_rope_tables(op, 8192, 128, params, bf)
+        name = op.replace("FwdOp", "PositionIdsFwdOp")
+        add(name[:-5], "[2048,32,128] bf16", [xp, pos], lambda x, p, c=cs, s_=sn: rope_eager(x, c[p][:, None], s_[p][:, None]),
+            BUILDERS[name], dict(max_position=8192, base=10000.0, rotary_dim=128, **params), bytes=2 * xp.numel() * eb,
+            target_eager=1.5)
     long_params = dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
                        max_position_embeddings=131072, original_max_position_embeddings=4096)
     cl, sl = _scaled_rope_tables("RopeLongRopeFwdOp", 8192, 128, long_params, bf)
@@ -288,8 +304,10 @@ def cases() -> list[Case]:
         o = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
         return o[:, :, 0]
 
+    # a decode reads the cache and writes one row a head: shown against the read probe, as
+    # the paged decode below
     add("GQA decode", "q[8,32,128] kv[8,4096,8,128] bf16", [qd, kd, vd], decode_eager, nb.build_gqa_decode, {},
-        bytes=(2 * qd.numel() + 2 * kd.numel()) * eb)
+        bytes=(2 * qd.numel() + 2 * kd.numel()) * eb, bandwidth="read")
     serving_attention(add)
     out.extend(moe_cases())
     return out
