@@ -217,6 +217,8 @@ inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const 
 
 inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
   using namespace bf16_prefill;
+  for (int64_t b = 0; b < a.batch; ++b)
+    if (a.kv_len[b] >= INT32_MAX) return attention<bf16_t>(a, threads);  // key positions are int32 lanes here
   const int64_t D = a.head_dim, G = a.heads / a.heads_kv, pairs = (D + 1) / 2, Dv = (D + 15) / 16 * 16;
   const int64_t q_tok = a.heads * D, kv_tok = a.heads_kv * D;
   const std::vector<PrefillItem> work = prefill_items(a);
