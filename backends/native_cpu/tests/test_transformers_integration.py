@@ -742,7 +742,9 @@ def test_generate_with_a_cache_of_ours_or_without_a_cache_gives_the_same_tokens(
     hf.enable(model, target=TARGET)
     with torch.no_grad():
         made = model.generate(ids, **kw)
-        passed = model.generate(ids, past_key_values=hf.TileopsCache(config=model.config), **kw)
+        # the keyword the model's forward names (transformers 5.24 renamed past_key_values to cache)
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        passed = model.generate(ids, **{name: hf.TileopsCache(config=model.config)}, **kw)
         uncached = model.generate(ids, use_cache=False, **kw)
     assert torch.equal(made, passed) and torch.equal(made, uncached)
 

@@ -83,7 +83,8 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
     if cache is not None and not isinstance(cache, TileopsCache):
         raise TypeError(
             f"{st.name}: tileops attention reads a TileopsCache, got {type(cache).__name__} "
-            "(let the enabled model make its cache, or pass past_key_values=TileopsCache(config=model.config))"
+            "(let the enabled model make its cache, or pass TileopsCache(config=model.config) as cache=, "
+            "past_key_values= before transformers 5.24)"
         )
     dim, rows = self.head_dim, x.shape[0]
     # A batch's decode step runs each projection on its own (over its rows of the stacked
