@@ -3,8 +3,9 @@
 The harness checks every op against its reference on the manifest's workloads; these
 tests pin what serving relies on: a paged cache read through its block table is the same
 cache laid out densely, chunked prefill into pages equals one prefill of the whole
-sequence, windows wider than a sequence change nothing, requests that see no key get
-zeros, and a kernel called directly refuses an index that would read outside a tensor.
+sequence, windows wider than a sequence change nothing, each query is masked by its own
+key span (causal, windows, softcap), requests that see no key get zeros, and a kernel
+called directly refuses an index that would read outside a tensor.
 """
 
 from __future__ import annotations
