@@ -213,6 +213,15 @@ inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const 
   for (int dd = 0; dd < 16; ++dd) _mm512_storeu_ps(ot + (d0 + dd) * kLanes, acc[dd]);
 }
 
+// e^(s - base) for s <= base, given base log2(e): 2^t with t = s log2(e) - base log2(e) in
+// one fma, and no clamps (t <= 0, and vscalefps takes any exponent down to zero). A masked
+// score (-inf) gives NaN here; the mask that made it replaces the result.
+inline __m512 exp_below(__m512 s, __m512 base_log2e) {
+  const __m512 t = _mm512_fmsub_ps(s, _mm512_set1_ps(1.44269504088896341f), base_log2e);
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_scalef_ps(exp2_fraction(_mm512_sub_ps(t, n)), n);
+}
+
 }  // namespace bf16_prefill
 
 inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
@@ -329,10 +338,11 @@ inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
           // probabilities of keys c0 .. c1 as bf16 key pairs; a masked score (-inf) gives 0
           const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+          const __m512 base_log2e = _mm512_mul_ps(base, _mm512_set1_ps(1.44269504088896341f));
           __m512 total = _mm512_setzero_ps();
           for (int64_t j = c0; j < c1; j += 2) {
-            __m512 e0 = vexp<true>(_mm512_sub_ps(_mm512_loadu_ps(st + j * kLanes), base));
-            __m512 e1 = vexp<true>(_mm512_sub_ps(_mm512_loadu_ps(st + (j + 1) * kLanes), base));
+            __m512 e0 = exp_below(_mm512_loadu_ps(st + j * kLanes), base_log2e);
+            __m512 e1 = exp_below(_mm512_loadu_ps(st + (j + 1) * kLanes), base_log2e);
             if (masked) {
               e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(st + j * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ), e0);
               e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(st + (j + 1) * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ),
