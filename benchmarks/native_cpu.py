@@ -87,6 +87,13 @@ def probe(native, kind: str, repeats: int = 5) -> float:
     return max(statistics.median(native.probe_bandwidth(k, 256, threads, repeats)) for k in kinds)
 
 
+# Llama 3.1's and YaRN's scaling, as their 1d and position-id cases take it
+SCALED_ROPES = (
+    ("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)),
+    ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, attn_factor=1.0)),
+)
+
+
 def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
     half = dim // 2
     freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
@@ -240,10 +247,7 @@ def cases() -> list[Case]:
     c1, s1 = rope_tables(4096, 128, bf)
     add("RopeNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_eager(x, c1, s1), nb.build_rope_neox,
         dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=3)
-    for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                                 original_max_position=8192)),
-                       ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
-                                              attn_factor=1.0)),
+    for op, params in (*SCALED_ROPES,
                        ("RopeLongRopeFwdOp", dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
                                                   max_position_embeddings=131072, original_max_position_embeddings=4096))):
         # eager: the same rotation from tables built once, as RopeNeox's eager case does
@@ -273,10 +277,7 @@ def cases() -> list[Case]:
     add("RopeNonNeoxPositionIds", "[2048,32,128] bf16", [xp, pos], lambda x, p: rope_pairs_eager(x, cp[p][:, None], sp[p][:, None]),
         BUILDERS["RopeNonNeoxPositionIdsFwdOp"], dict(max_position=8192, base=10000.0, rotary_dim=128),
         bytes=2 * xp.numel() * eb, target_eager=1.5)
-    for op, params in (("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                                 original_max_position=8192)),
-                       ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
-                                              attn_factor=1.0))):
+    for op, params in SCALED_ROPES:  # their position-id forms
         cs, sn = _scaled_rope_tables(op, 8192, 128, params, bf)
         name = op.replace("FwdOp", "PositionIdsFwdOp")
         add(name[:-5], "[2048,32,128] bf16", [xp, pos], lambda x, p, c=cs, s_=sn: rope_eager(x, c[p][:, None], s_[p][:, None]),
