@@ -127,7 +127,7 @@ def _causal_lm_forward_like(cls_forward: Any) -> Any:
         if step is None:
             return st.forward(*args, **kwargs)
         logits, cache = step
-        return st.output(logits=logits, **{_cache_field(st.output): cache})
+        return st.output(logits=logits, **{st.cache_field: cache})
 
     return forward
 
@@ -423,8 +423,9 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         if (fused is not None and fused.replay is not None and type(model).__name__ in _PLAIN_CAUSAL_LMS
                 and base is getattr(model, "model", None) and head is not None and "_tileops" in head.__dict__):
             plan.report.replaced["causal LM decode step"] = [type(model).__name__]
+            output = _fused_model.output_class(model, CausalLMOutputWithPast)
             model._tileops = types.SimpleNamespace(name="causal LM", forward=model.forward, fused=fused, head=head,
-                                                   output=_fused_model.output_class(model, CausalLMOutputWithPast))
+                                                   output=output, cache_field=_cache_field(output))
             model.forward = types.MethodType(_causal_lm_forward_like(type(model).forward), model)
     model._tileops_enabled = saved
     return plan.report
