@@ -72,6 +72,27 @@ def test_bmm_matches_torch(dtype):
     close(run(b.build_bmm, a, bm), torch.bmm(a.float(), bm.float()).to(dtype), scale=2)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [2, 3, 4, 9])
+@pytest.mark.parametrize("dtype", HALVES)
+def test_bmm_is_exact_on_small_integers_however_the_products_share_the_threads(threads, batch, dtype):
+    # on 2 threads, 2 and 4 products go whole to each thread, 9 too (unevenly), and 3 run
+    # in turn over both threads: a product written to another's output, or computed from
+    # another's operands, shows as a difference (each has its own values); 37 rows are not
+    # whole micro-tiles, and K = 80 is not whole blocks of 16 K pairs (Bmm's K is a
+    # multiple of 16)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for k in (64, 80):
+            a = torch.randint(-3, 4, (batch, 37, k)).to(dtype)
+            bm = torch.randint(-3, 4, (batch, k, 70)).to(dtype)
+            out = run(b.build_bmm, a, bm)
+            assert torch.equal(out.double(), torch.bmm(a.double(), bm.double()).to(dtype).double())
+    finally:
+        torch.set_num_threads(old)
+
+
 def rope_ref(x, cos, sin):
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]

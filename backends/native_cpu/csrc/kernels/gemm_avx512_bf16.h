@@ -72,12 +72,9 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
     for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
 }
 
-inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
+// Product bi of a batched GEMM (for_each_product), on `threads` threads.
+inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
-  if (k == 0) {
-    gemm<bf16_t>(g, threads);
-    return;
-  }
   const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
   // row blocks: at most 12 micro-tiles tall, at least two per thread, and a multiple of
   // the thread count (11 blocks on 2 threads left one thread idle for a twelfth of the time)
@@ -89,126 +86,132 @@ inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
   uint16_t* bpack = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp_max * nc_max), 2));
   float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
   auto bits = [](const bf16_t* p, int64_t i) { return p[i].bits; };
-  for (int64_t bi = 0; bi < g.batch; ++bi) {
-    const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
-    const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
-    bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
-    for (int64_t jc = 0; jc < n; jc += kNCb) {
-      const int64_t nc = std::min(kNCb, n - jc);
-      const int64_t panels = (nc + 31) / 32;
-      for (int64_t pc = 0; pc < k; pc += kKCb) {
-        const int64_t kc = std::min(kKCb, k - pc), kcp = (kc + 1) / 2;
-        const bool first = pc == 0, last = pc + kc >= k;
-        tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
-          for (int64_t p = p0; p < p1; ++p) {
-            uint16_t* dst = bpack + p * kcp * 64;
-            const int64_t col0 = jc + p * 32;
-            const bool full = col0 + 32 <= jc + nc && kc % 2 == 0;
-            if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
-              const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-              const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
-              for (int64_t kp = 0; kp < kcp; ++kp) {
-                const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
-                const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
-                _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
-                _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
-              }
-              continue;
+  const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
+  const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
+  bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
+  for (int64_t jc = 0; jc < n; jc += kNCb) {
+    const int64_t nc = std::min(kNCb, n - jc);
+    const int64_t panels = (nc + 31) / 32;
+    for (int64_t pc = 0; pc < k; pc += kKCb) {
+      const int64_t kc = std::min(kKCb, k - pc), kcp = (kc + 1) / 2;
+      const bool first = pc == 0, last = pc + kc >= k;
+      tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          uint16_t* dst = bpack + p * kcp * 64;
+          const int64_t col0 = jc + p * 32;
+          const bool full = col0 + 32 <= jc + nc && kc % 2 == 0;
+          if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
+            const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                                    5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+            const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+            for (int64_t kp = 0; kp < kcp; ++kp) {
+              const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
+              const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
+              _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+              _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
             }
-            if (full && g.b_row == 1) {
-              // columns of B contiguous along K (the NT layout): each K pair is one 32-bit
-              // word, so a panel is a transpose of 32-bit words: 16 columns x 16 pairs per
-              // 16x16 register transpose (a gather per pair was the bottleneck)
-              for (int h = 0; h < 2; ++h) {
-                const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
-                uint16_t* dh = dst + 32 * h;
-                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
-                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
-                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
-                  __m512i rows[16];
-                  for (int r = 0; r < 16; ++r) {
-                    // 32 row streams at once are more than the hardware prefetcher tracks
-                    if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
-                    rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
-                  }
-                  transpose16x16_epi32(rows);
-                  for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
+            continue;
+          }
+          if (full && g.b_row == 1) {
+            // columns of B contiguous along K (the NT layout): each K pair is one 32-bit
+            // word, so a panel is a transpose of 32-bit words: 16 columns x 16 pairs per
+            // 16x16 register transpose (a gather per pair was the bottleneck)
+            for (int h = 0; h < 2; ++h) {
+              const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
+              uint16_t* dh = dst + 32 * h;
+              for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                __m512i rows[16];
+                for (int r = 0; r < 16; ++r) {
+                  // 32 row streams at once are more than the hardware prefetcher tracks
+                  if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
+                  rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
                 }
+                transpose16x16_epi32(rows);
+                for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
               }
-              continue;
             }
-            for (int64_t j = 0; j < 32; ++j) {
-              const int64_t col = col0 + j;
-              const bool live = col < jc + nc;
-              const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
-              for (int64_t kp = 0; kp < kcp; ++kp) {
-                const int64_t kk = 2 * kp;
-                dst[kp * 64 + 2 * j] = live ? bits(src, kk * g.b_row) : 0;
-                dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? bits(src, (kk + 1) * g.b_row) : 0;
-              }
+            continue;
+          }
+          for (int64_t j = 0; j < 32; ++j) {
+            const int64_t col = col0 + j;
+            const bool live = col < jc + nc;
+            const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
+            for (int64_t kp = 0; kp < kcp; ++kp) {
+              const int64_t kk = 2 * kp;
+              dst[kp * 64 + 2 * j] = live ? bits(src, kk * g.b_row) : 0;
+              dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? bits(src, (kk + 1) * g.b_row) : 0;
             }
           }
-        });
-        const int64_t mblocks = (m + mc - 1) / mc;
-        tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
-          uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(mc * kcp_max), 1));
-          for (int64_t blk = b0; blk < b1; ++blk) {
-            const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
-            for (int64_t ir = 0; ir < mcur; ir += kMRb) {
-              uint32_t* dst = apack + ir * kcp;
-              if (g.a_col == 1 && kc % 2 == 0) {
-                // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs,
-                // 16 pairs x 12 rows (4 zero rows) per 16x16 register transpose
-                const int live = static_cast<int>(std::min<int64_t>(kMRb, m - (ic + ir)));
-                for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
-                  const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
-                  const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
-                  __m512i rows[16];
-                  for (int r = 0; r < 16; ++r)
-                    rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (ic + ir + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
-                  transpose16x16_epi32(rows);
-                  for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
-                }
+        }
+      });
+      const int64_t mblocks = (m + mc - 1) / mc;
+      tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
+        uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(mc * kcp_max), 1));
+        for (int64_t blk = b0; blk < b1; ++blk) {
+          const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
+          for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+            uint32_t* dst = apack + ir * kcp;
+            if (g.a_col == 1 && kc % 2 == 0) {
+              // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs,
+              // 16 pairs x 12 rows (4 zero rows) per 16x16 register transpose
+              const int live = static_cast<int>(std::min<int64_t>(kMRb, m - (ic + ir)));
+              for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+                const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+                const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+                __m512i rows[16];
+                for (int r = 0; r < 16; ++r)
+                  rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (ic + ir + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
+                transpose16x16_epi32(rows);
+                for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
+              }
+              continue;
+            }
+            for (int r = 0; r < kMRb; ++r) {
+              const int64_t row = ic + ir + r;
+              if (row >= m) {
+                for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
                 continue;
               }
-              for (int r = 0; r < kMRb; ++r) {
-                const int64_t row = ic + ir + r;
-                if (row >= m) {
-                  for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
-                  continue;
-                }
-                const bf16_t* src = A + row * g.a_row + pc * g.a_col;
-                if (g.a_col == 1 && kc % 2 == 0) {
-                  for (int64_t kp = 0; kp < kcp; ++kp) std::memcpy(dst + kp * kMRb + r, src + 2 * kp, 4);
-                  continue;
-                }
-                for (int64_t kp = 0; kp < kcp; ++kp) {
-                  const int64_t kk = 2 * kp;
-                  const uint32_t lo = bits(src, kk * g.a_col);
-                  const uint32_t hi = kk + 1 < kc ? bits(src, (kk + 1) * g.a_col) : 0u;
-                  dst[kp * kMRb + r] = lo | (hi << 16);
-                }
+              const bf16_t* src = A + row * g.a_row + pc * g.a_col;
+              if (g.a_col == 1 && kc % 2 == 0) {
+                for (int64_t kp = 0; kp < kcp; ++kp) std::memcpy(dst + kp * kMRb + r, src + 2 * kp, 4);
+                continue;
               }
-            }
-            for (int64_t p = 0; p < panels; ++p) {
-              const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
-              for (int64_t ir = 0; ir < mcur; ir += kMRb) {
-                const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
-                micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
-                                first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
-              }
-            }
-            if (last && !first) {
-              for (int64_t i = ic; i < ic + mcur; ++i) {
-                const float* crow = cacc + i * nc_max;
-                bf16_t* drow = D + i * n + jc;
-                for (int64_t j = 0; j < nc; j += W) storec(drow + j, loadc(crow + j, nc - j), nc - j);
+              for (int64_t kp = 0; kp < kcp; ++kp) {
+                const int64_t kk = 2 * kp;
+                const uint32_t lo = bits(src, kk * g.a_col);
+                const uint32_t hi = kk + 1 < kc ? bits(src, (kk + 1) * g.a_col) : 0u;
+                dst[kp * kMRb + r] = lo | (hi << 16);
               }
             }
           }
-        });
-      }
+          for (int64_t p = 0; p < panels; ++p) {
+            const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
+            for (int64_t ir = 0; ir < mcur; ir += kMRb) {
+              const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
+              micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
+                              first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
+            }
+          }
+          if (last && !first) {
+            for (int64_t i = ic; i < ic + mcur; ++i) {
+              const float* crow = cacc + i * nc_max;
+              bf16_t* drow = D + i * n + jc;
+              for (int64_t j = 0; j < nc; j += W) storec(drow + j, loadc(crow + j, nc - j), nc - j);
+            }
+          }
+        }
+      });
     }
   }
+}
+
+inline void gemm_bf16_dot(const tnc::GemmArgs& g, int threads) {
+  if (g.k == 0) {
+    gemm<bf16_t>(g, threads);
+    return;
+  }
+  for_each_product(g.batch, threads, [&](int64_t bi, int thr) { gemm_bf16_dot_product(g, bi, thr); });
 }
