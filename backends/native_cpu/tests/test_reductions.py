@@ -41,6 +41,11 @@ REDUCE_CASES = [
     ((3, 4, 5, 6), (1, 3), False),
     ((1, 1, 7), (0, 1), False),
     ((100001,), (0,), False),
+    # kept rows of 2048 columns and more fold four reduced rows per pass: whole blocks,
+    # single rows after them, a column tail; over two reduced axes; in two parts (42 rows)
+    ((9, 2100), (0,), False),
+    ((3, 5, 2050), (0, 1), True),
+    ((42, 2100), (0,), False),
 ]
 
 
@@ -77,6 +82,8 @@ def test_amax_over_an_empty_axis_is_refused_at_build_naming_the_shape():
     ((4, 12, 40), (0, 2), (3, 7, 0)),   # mixed axes
     ((300000,), None, (123456,)),       # one long run split over threads
     ((300000,), None, (0,)),            # NaN in the first lane of the first part
+    ((7, 2100), (0,), (2, 2099)),       # wide kept rows: in a block of four, in the column tail
+    ((7, 2100), (0,), (5, 100)),        # wide kept rows: in a single row after the blocks
 ])
 def test_amax_propagates_nan_like_torch(dtype, shape, dim, at):
     x = torch.randn(shape, dtype=dtype)

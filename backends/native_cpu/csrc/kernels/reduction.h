@@ -76,9 +76,33 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
   const int64_t cw = std::min(kChunk, len);
   std::vector<float> partial(rparts > 1 ? static_cast<size_t>(items * rparts * cw) : 0);
   const F vs = S::set1(scale);
+  auto fold = [is_max](F c, F v) { return is_max ? S::max_nan(c, v) : S::add(c, v); };
   auto accumulate = [&](float* acc, int64_t base, int64_t cnt, int64_t r0, int64_t r1) {
     for (int64_t i = 0; i < cnt; ++i) acc[i] = init;
-    for (int64_t rc = r0; rc < r1; ++rc) {
+    int64_t rc = r0;
+    // wide rows: four reduced rows per pass over acc, a quarter of acc's loads and stores
+    // (8 KiB of floats and more do not stay in the L1 beside the rows: [2048, 4096] bf16
+    // over dim 0 took 0.73x the time). Narrower ones keep one row at a time, a single
+    // forward stream (four rows of 256 at once took 1.9x the time).
+    for (; cnt >= 2048 && rc + 4 <= r1; rc += 4) {
+      const T* p[4];
+      for (int j = 0; j < 4; ++j) p[j] = x + base + offset_of(rc + j, red, nr);
+      auto four = [&](int64_t i) {
+        return fold(fold(S::load(p[0] + i), S::load(p[1] + i)), fold(S::load(p[2] + i), S::load(p[3] + i)));
+      };
+      int64_t i = 0;
+      for (; i + 2 * W <= cnt; i += 2 * W) {
+        const F a = four(i), b = four(i + W);
+        S::store(acc + i, fold(S::load(acc + i), a));
+        S::store(acc + i + W, fold(S::load(acc + i + W), b));
+      }
+      for (; i < cnt; i += W) {
+        const int64_t c = cnt - i;
+        auto row = [&](int j) { return loadc(p[j] + i, c, init); };
+        storec(acc + i, fold(loadc(acc + i, c, init), fold(fold(row(0), row(1)), fold(row(2), row(3)))), c);
+      }
+    }
+    for (; rc < r1; ++rc) {
       const T* p = x + base + offset_of(rc, red, nr);
       int64_t i = 0;
       for (; i + 4 * W <= cnt; i += 4 * W) {
