@@ -82,7 +82,7 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
     int64_t rc = r0;
     // wide rows: four reduced rows per pass over acc, a quarter of acc's loads and stores
     // (8 KiB of floats and more do not stay in the L1 beside the rows: [2048, 4096] bf16
-    // over dim 0 took 0.73x the time). Narrower ones keep one row at a time, a single
+    // over dim 0 took 0.64x the time). Narrower ones keep one row at a time, a single
     // forward stream (four rows of 256 at once took 1.9x the time).
     for (; cnt >= 2048 && rc + 4 <= r1; rc += 4) {
       const T* p[4];
