@@ -213,13 +213,11 @@ inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const 
   for (int dd = 0; dd < 16; ++dd) _mm512_storeu_ps(ot + (d0 + dd) * kLanes, acc[dd]);
 }
 
-// e^(s - base) for s <= base, given base log2(e): 2^t with t = s log2(e) - base log2(e) in
-// one fma, and no clamps (t <= 0, and vscalefps takes any exponent down to zero). A masked
+// e^(s - base) for s <= base, given base log2(e): exp2_fast of t = s log2(e) - base log2(e),
+// one fma, and no clamp (t <= 0, and vscalefps takes any exponent down to zero). A masked
 // score (-inf) gives NaN here; the mask that made it replaces the result.
 inline __m512 exp_below(__m512 s, __m512 base_log2e) {
-  const __m512 t = _mm512_fmsub_ps(s, _mm512_set1_ps(1.44269504088896341f), base_log2e);
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_scalef_ps(exp2_fraction(_mm512_sub_ps(t, n)), n);
+  return exp2_fast(_mm512_fmsub_ps(s, _mm512_set1_ps(1.44269504088896341f), base_log2e));
 }
 
 }  // namespace bf16_prefill
