@@ -87,10 +87,13 @@ def probe(native, kind: str, repeats: int = 5) -> float:
     return max(statistics.median(native.probe_bandwidth(k, 256, threads, repeats)) for k in kinds)
 
 
-# Llama 3.1's and YaRN's scaling, as their 1d and position-id cases take it
+# The scaled RoPEs' params, as their 1d and position-id cases take them: Llama 3.1's,
+# YaRN's, and LongRoPE's (Phi-3's shape: 64 rescale factors, a 4k context stretched to 128k)
 SCALED_ROPES = (
     ("RopeLlama31FwdOp", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)),
     ("RopeYarnFwdOp", dict(scale=16.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0, attn_factor=1.0)),
+    ("RopeLongRopeFwdOp", dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
+                               max_position_embeddings=131072, original_max_position_embeddings=4096)),
 )
 
 
@@ -247,9 +250,7 @@ def cases() -> list[Case]:
     c1, s1 = rope_tables(4096, 128, bf)
     add("RopeNeox", "1d seq4096 d128 bf16", [xr], lambda x: rope_eager(x, c1, s1), nb.build_rope_neox,
         dict(layout="1d", base=10000.0), bytes=(2 * xr.numel() + 4096 * 64 * 2) * eb, target_eager=3)
-    for op, params in (*SCALED_ROPES,
-                       ("RopeLongRopeFwdOp", dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
-                                                  max_position_embeddings=131072, original_max_position_embeddings=4096))):
+    for op, params in SCALED_ROPES:
         # eager: the same rotation from tables built once, as RopeNeox's eager case does
         cs, sn = _scaled_rope_tables(op, 4096, 128, params, bf)
         add(op[:-5], "1d seq4096 d128 bf16", [xr], lambda x, c=cs, s_=sn: rope_eager(x, c, s_), BUILDERS[op],
@@ -283,13 +284,6 @@ def cases() -> list[Case]:
         add(name[:-5], "[2048,32,128] bf16", [xp, pos], lambda x, p, c=cs, s_=sn: rope_eager(x, c[p][:, None], s_[p][:, None]),
             BUILDERS[name], dict(max_position=8192, base=10000.0, rotary_dim=128, **params), bytes=2 * xp.numel() * eb,
             target_eager=1.5)
-    long_params = dict(rescale_factors=tuple(1.0 + 15.0 * (k / 63) ** 2 for k in range(64)),
-                       max_position_embeddings=131072, original_max_position_embeddings=4096)
-    cl, sl = _scaled_rope_tables("RopeLongRopeFwdOp", 8192, 128, long_params, bf)
-    add("RopeLongRopePositionIds", "[2048,32,128] bf16", [xp, pos],
-        lambda x, p: rope_eager(x, cl[p][:, None], sl[p][:, None]), BUILDERS["RopeLongRopePositionIdsFwdOp"],
-        dict(max_position=8192, base=10000.0, rotary_dim=128, **long_params), bytes=2 * xp.numel() * eb,
-        target_eager=1.5)
     q, k, v = r(1, 512, 32, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf), r(1, 512, 8, 128, dtype=bf)
 
     def gqa_eager(q, k, v):
