@@ -208,15 +208,12 @@ def target_ops(target: str) -> list[str]:
     return sorted(op for op in manifest.all_entries() if target in registered_targets(op))
 
 
-def check_ops(text: str | None, target: str) -> list[str]:
-    """``--ops A,B``: manifest op names the target registers; default every one it does."""
+def op_names(text: str, examples: Sequence[str]) -> list[str]:
+    """``--ops A,B``: manifest op names, comma-separated, each once, in order. A name no
+    manifest declares is refused with the closest one; ``examples`` are the names the
+    error offers."""
     from .. import manifest
 
-    served = target_ops(target)
-    if text is None:
-        if not served:
-            raise UsageError(f"target {target!r} registers no builder for any manifest op")
-        return served
     known = manifest.all_entries()
     chosen: list[str] = []
     for raw in text.split(","):
@@ -228,16 +225,32 @@ def check_ops(text: str | None, target: str) -> list[str]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UsageError(
                 f"--ops: {op!r} is not an op any manifest declares{hint}; expected names "
-                f"such as {', '.join(served[:5] or sorted(known)[:5])}"
+                f"such as {', '.join(examples)}"
             )
+        chosen.append(op)
+    if not chosen:
+        raise UsageError(
+            f"--ops names no op; give manifest op names, comma-separated, such as {examples[0]}"
+        )
+    return chosen
+
+
+def check_ops(text: str | None, target: str) -> list[str]:
+    """``--ops A,B``: manifest op names the target registers; default every one it does."""
+    from .. import manifest
+
+    served = target_ops(target)
+    if text is None:
+        if not served:
+            raise UsageError(f"target {target!r} registers no builder for any manifest op")
+        return served
+    chosen = op_names(text, served[:5] or sorted(manifest.all_entries())[:5])
+    for op in chosen:
         if op not in served:
             raise UsageError(
                 f"--ops: target {target!r} registers no builder for {op}; it registers: "
                 f"{', '.join(served) or 'none'}"
             )
-        chosen.append(op)
-    if not chosen:
-        raise UsageError("--ops names no op; give manifest op names, comma-separated")
     return chosen
 
 
