@@ -18,7 +18,9 @@ Per workload (prompt length P, batch B), with greedy decoding:
 - the decode bandwidth limit: weight bytes read per step / the machine's measured read
   bandwidth (native_cpu's probe, run between the rounds of each workload, median: the
   bandwidth of a shared machine moves from minute to minute), times B tokens per step;
-  and the share of it reached;
+  and the share of it reached; beside them the rate the decode streamed its weights at
+  (weight bytes per step x steps per second), and the probes' range, since the share
+  moves with the probe as much as with the decode;
 - tileops' speed-ups over HF eager, prefill and decode;
 - prefill's share of the machine's bfloat16 peak: the prompt's FLOPs (every layer's
   projections and causal attention, the head for the last token: ``prefill_flops``) per
@@ -143,7 +145,7 @@ def main() -> int:
     if args.compile:
         systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
     print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'% of peak':>9} {'decode tok/s':>12} "
-          f"{'read GB/s':>9} {'limit tok/s':>11} {'% of limit':>10}")
+          f"{'weights GB/s':>12} {'read GB/s':>9} {'limit tok/s':>11} {'% of limit':>10}")
     for prompt in args.prompts:
         for batch in args.batches:
             gen = torch.Generator().manual_seed(prompt + batch)
@@ -173,10 +175,12 @@ def main() -> int:
                 dec = statistics.median(batch / d for _, d in results[name])
                 figures[name] = (pre, dec)
                 share = prefill_flops(CONFIG, batch, prompt) / (batch * prompt / pre) / 1e9 / peak
-                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {100 * share:8.1f}% {dec:12.1f} {bw:9.1f} "
-                      f"{limit:11.1f} {100 * dec / limit:9.1f}%", flush=True)
+                streamed = dec / batch * step_bytes / 1e9
+                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {100 * share:8.1f}% {dec:12.1f} "
+                      f"{streamed:12.1f} {bw:9.1f} {limit:11.1f} {100 * dec / limit:9.1f}%", flush=True)
             (pe, de), (pt, dt) = figures["HF eager"], figures["HF + tileops"]
             print(f"{'':<14} tileops vs HF eager: prefill {pt / pe:.2f}x, decode {dt / de:.2f}x")
+            print(f"{'':<14} read probe between rounds: median {bw:.1f} GB/s, {min(probes):.1f}-{max(probes):.1f}")
             print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
     fused = getattr(getattr(on_tileops.model, "_tileops", None), "fused", None)
     replay = getattr(fused, "replay", None)
