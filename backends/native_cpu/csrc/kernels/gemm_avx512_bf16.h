@@ -72,9 +72,147 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
     for (int j = 0; j < nr; ++j) c[r * ldc + j] = (first ? 0.f : c[r * ldc + j]) + tile[r * 32 + j];
 }
 
+// One panel of B in the micro-kernel's layout: K pairs of [pc, pc + kc) for result columns
+// col0..col0 + 31, one 32-bit pair a column (columns from `end` on are zeros).
+inline void pack_b_panel_bf16(const tnc::GemmArgs& g, const bf16_t* B, int64_t pc, int64_t kc, int64_t col0, int64_t end,
+                              uint16_t* __restrict dst) {
+  const int64_t kcp = (kc + 1) / 2;
+  const bool full = col0 + 32 <= end && kc % 2 == 0;
+  if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                            5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    for (int64_t kp = 0; kp < kcp; ++kp) {
+      const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
+      const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
+      _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
+      _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
+    }
+    return;
+  }
+  if (full && g.b_row == 1) {
+    // columns of B contiguous along K (the NT layout): each K pair is one 32-bit word, so a
+    // panel is a transpose of 32-bit words: 16 columns x 16 pairs per 16x16 register
+    // transpose (a gather per pair was the bottleneck)
+    for (int h = 0; h < 2; ++h) {
+      const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
+      uint16_t* dh = dst + 32 * h;
+      for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+        const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+        const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+        __m512i rows[16];
+        for (int r = 0; r < 16; ++r) {
+          // 32 row streams at once are more than the hardware prefetcher tracks
+          if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
+          rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
+        }
+        transpose16x16_epi32(rows);
+        for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
+      }
+    }
+    return;
+  }
+  for (int64_t j = 0; j < 32; ++j) {
+    const int64_t col = col0 + j;
+    const bool live = col < end;
+    const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
+    for (int64_t kp = 0; kp < kcp; ++kp) {
+      const int64_t kk = 2 * kp;
+      dst[kp * 64 + 2 * j] = live ? src[kk * g.b_row].bits : 0;
+      dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? src[(kk + 1) * g.b_row].bits : 0;
+    }
+  }
+}
+
+// One micro-panel of A: rows row0..row0 + kMRb - 1 (rows from m on are zeros), K pairs of
+// [pc, pc + kc), one 32-bit pair a row.
+inline void pack_a_tile_bf16(const tnc::GemmArgs& g, const bf16_t* A, int64_t row0, int64_t pc, int64_t kc,
+                             uint32_t* __restrict dst) {
+  const int64_t m = g.m, kcp = (kc + 1) / 2;
+  if (g.a_col == 1 && kc % 2 == 0) {
+    // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs, 16 pairs
+    // x 12 rows (4 zero rows) per 16x16 register transpose
+    const int live = static_cast<int>(std::min<int64_t>(kMRb, m - row0));
+    for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
+      const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
+      const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
+      __m512i rows[16];
+      for (int r = 0; r < 16; ++r)
+        rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (row0 + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
+      transpose16x16_epi32(rows);
+      for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
+    }
+    return;
+  }
+  for (int r = 0; r < kMRb; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= m) {
+      for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
+      continue;
+    }
+    const bf16_t* src = A + row * g.a_row + pc * g.a_col;
+    for (int64_t kp = 0; kp < kcp; ++kp) {
+      const int64_t kk = 2 * kp;
+      const uint32_t lo = src[kk * g.a_col].bits;
+      const uint32_t hi = kk + 1 < kc ? src[(kk + 1) * g.a_col].bits : 0u;
+      dst[kp * kMRb + r] = lo | (hi << 16);
+    }
+  }
+}
+
+// Up to this much of A (bf16 bytes) the panel split (gemm_bf16_dot_panels), which reads
+// all of A from the L3 once a panel; above it the row split, whose row blocks stay in the
+// L2. Paired processes on the Zen 4, NT, panel split against row split: m512 n5632 k1024
+// 0.86-0.94x the time, m512 n1024 k2816 (2.9 MB of A) 0.97-1.01x, m512 n32000 0.84x, m300
+// n1536 0.85x, m1024 n5632 k1024 0.98x; m2048 n1024 k1024 (4 MB of A) 1.10x.
+constexpr int64_t kPanelsMaxABytes = 3 << 20;
+
+// The whole K in one block (k <= kKCb): the threads split the result's 32-column panels,
+// and each packs a panel just before it multiplies it with every row, into a buffer of its
+// own, read back from its L2. A is packed once for all rows, shared. (Splitting the rows
+// instead made every thread wait for the whole of B to be packed, and left one thread a
+// tile more than the other: 43 tiles at m = 512.)
+inline void gemm_bf16_dot_panels(const tnc::GemmArgs& g, const bf16_t* A, const bf16_t* B, bf16_t* D, int threads) {
+  const int64_t m = g.m, n = g.n, k = g.k, kcp = (k + 1) / 2;
+  const int64_t tiles = (m + kMRb - 1) / kMRb, panels = (n + 31) / 32;
+  uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(tiles * kMRb * kcp), 1));
+  tnc::parallel_for(tiles, 1, threads, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) pack_a_tile_bf16(g, A, t * kMRb, 0, k, apack + t * kMRb * kcp);
+  });
+  tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
+    uint16_t* bpanel = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp * 32), 2));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t col0 = p * 32;
+      const int nr = static_cast<int>(std::min<int64_t>(32, n - col0));
+      pack_b_panel_bf16(g, B, 0, k, col0, n, bpanel);
+      // the next panel's weight rows (NT: 32 rows of k), a slice per tile, into the L2
+      const bool ahead = g.b_row == 1 && p + 1 < p1 && col0 + 64 <= n;
+      const int64_t row_lines = (k * 2 + 63) / 64, slice = (32 * row_lines + tiles - 1) / tiles;
+      for (int64_t t = 0; t < tiles; ++t) {
+        if (ahead) {
+          for (int64_t i = t * slice, e = std::min(32 * row_lines, i + slice); i < e; ++i)
+            _mm_prefetch(reinterpret_cast<const char*>(B + (col0 + 32 + i / row_lines) * g.b_col) + (i % row_lines) * 64,
+                         _MM_HINT_T1);
+        }
+        const int mr = static_cast<int>(std::min<int64_t>(kMRb, m - t * kMRb));
+        micro_tile_bf16(kcp, apack + t * kMRb * kcp, bpanel, nullptr, 0, mr, nr, true, D + t * kMRb * n + col0, n);
+      }
+    }
+  });
+}
+
 // Product bi of a batched GEMM (for_each_product), on `threads` threads.
 inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
   const int64_t m = g.m, n = g.n, k = g.k;
+  const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
+  const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
+  bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
+  if (k <= kKCb && m * k * 2 <= kPanelsMaxABytes) {
+    gemm_bf16_dot_panels(g, A, B, D, threads);
+    return;
+  }
+  // K in blocks of kKCb, the partial sums in a float accumulator: per block of kNCb
+  // columns, B packed by all threads, then row blocks split among them
   const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
   // row blocks: at most 12 micro-tiles tall, at least two per thread, and a multiple of
   // the thread count (11 blocks on 2 threads left one thread idle for a twelfth of the time)
@@ -85,10 +223,6 @@ inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int thread
   const int64_t kcp_max = (std::min(kKCb, k) + 1) / 2;
   uint16_t* bpack = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp_max * nc_max), 2));
   float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
-  auto bits = [](const bf16_t* p, int64_t i) { return p[i].bits; };
-  const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
-  const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
-  bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
   for (int64_t jc = 0; jc < n; jc += kNCb) {
     const int64_t nc = std::min(kNCb, n - jc);
     const int64_t panels = (nc + 31) / 32;
@@ -96,106 +230,23 @@ inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int thread
       const int64_t kc = std::min(kKCb, k - pc), kcp = (kc + 1) / 2;
       const bool first = pc == 0, last = pc + kc >= k;
       tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-          uint16_t* dst = bpack + p * kcp * 64;
-          const int64_t col0 = jc + p * 32;
-          const bool full = col0 + 32 <= jc + nc && kc % 2 == 0;
-          if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
-            const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                                    5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-            const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
-            for (int64_t kp = 0; kp < kcp; ++kp) {
-              const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
-              const __m512i x0 = _mm512_loadu_si512(r0), x1 = _mm512_loadu_si512(r0 + g.b_row);
-              _mm512_storeu_si512(dst + kp * 64, _mm512_permutex2var_epi16(x0, lo_idx, x1));
-              _mm512_storeu_si512(dst + kp * 64 + 32, _mm512_permutex2var_epi16(x0, hi_idx, x1));
-            }
-            continue;
-          }
-          if (full && g.b_row == 1) {
-            // columns of B contiguous along K (the NT layout): each K pair is one 32-bit
-            // word, so a panel is a transpose of 32-bit words: 16 columns x 16 pairs per
-            // 16x16 register transpose (a gather per pair was the bottleneck)
-            for (int h = 0; h < 2; ++h) {
-              const bf16_t* base = B + (col0 + 16 * h) * g.b_col + pc;
-              uint16_t* dh = dst + 32 * h;
-              for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
-                const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
-                const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
-                __m512i rows[16];
-                for (int r = 0; r < 16; ++r) {
-                  // 32 row streams at once are more than the hardware prefetcher tracks
-                  if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
-                  rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
-                }
-                transpose16x16_epi32(rows);
-                for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dh + (kp0 + t) * 64, rows[t]);
-              }
-            }
-            continue;
-          }
-          for (int64_t j = 0; j < 32; ++j) {
-            const int64_t col = col0 + j;
-            const bool live = col < jc + nc;
-            const bf16_t* src = B + (live ? col : 0) * g.b_col + pc * g.b_row;
-            for (int64_t kp = 0; kp < kcp; ++kp) {
-              const int64_t kk = 2 * kp;
-              dst[kp * 64 + 2 * j] = live ? bits(src, kk * g.b_row) : 0;
-              dst[kp * 64 + 2 * j + 1] = (live && kk + 1 < kc) ? bits(src, (kk + 1) * g.b_row) : 0;
-            }
-          }
-        }
+        for (int64_t p = p0; p < p1; ++p) pack_b_panel_bf16(g, B, pc, kc, jc + p * 32, jc + nc, bpack + p * kcp * 64);
       });
       const int64_t mblocks = (m + mc - 1) / mc;
       tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
         uint32_t* apack = reinterpret_cast<uint32_t*>(scratch(static_cast<size_t>(mc * kcp_max), 1));
         for (int64_t blk = b0; blk < b1; ++blk) {
           const int64_t ic = blk * mc, mcur = std::min(mc, m - ic);
-          for (int64_t ir = 0; ir < mcur; ir += kMRb) {
-            uint32_t* dst = apack + ir * kcp;
-            if (g.a_col == 1 && kc % 2 == 0) {
-              // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs,
-              // 16 pairs x 12 rows (4 zero rows) per 16x16 register transpose
-              const int live = static_cast<int>(std::min<int64_t>(kMRb, m - (ic + ir)));
-              for (int64_t kp0 = 0; kp0 < kcp; kp0 += 16) {
-                const int rem = static_cast<int>(std::min<int64_t>(16, kcp - kp0));
-                const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
-                __m512i rows[16];
-                for (int r = 0; r < 16; ++r)
-                  rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (ic + ir + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
-                transpose16x16_epi32(rows);
-                for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
-              }
-              continue;
-            }
-            for (int r = 0; r < kMRb; ++r) {
-              const int64_t row = ic + ir + r;
-              if (row >= m) {
-                for (int64_t kp = 0; kp < kcp; ++kp) dst[kp * kMRb + r] = 0;
-                continue;
-              }
-              const bf16_t* src = A + row * g.a_row + pc * g.a_col;
-              if (g.a_col == 1 && kc % 2 == 0) {
-                for (int64_t kp = 0; kp < kcp; ++kp) std::memcpy(dst + kp * kMRb + r, src + 2 * kp, 4);
-                continue;
-              }
-              for (int64_t kp = 0; kp < kcp; ++kp) {
-                const int64_t kk = 2 * kp;
-                const uint32_t lo = bits(src, kk * g.a_col);
-                const uint32_t hi = kk + 1 < kc ? bits(src, (kk + 1) * g.a_col) : 0u;
-                dst[kp * kMRb + r] = lo | (hi << 16);
-              }
-            }
-          }
+          for (int64_t ir = 0; ir < mcur; ir += kMRb) pack_a_tile_bf16(g, A, ic + ir, pc, kc, apack + ir * kcp);
           for (int64_t p = 0; p < panels; ++p) {
             const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
             for (int64_t ir = 0; ir < mcur; ir += kMRb) {
               const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
               micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
-                              first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
+                              first);
             }
           }
-          if (last && !first) {
+          if (last) {
             for (int64_t i = ic; i < ic + mcur; ++i) {
               const float* crow = cacc + i * nc_max;
               bf16_t* drow = D + i * n + jc;
