@@ -74,8 +74,10 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
 
 // One panel of B in the micro-kernel's layout: K pairs of [pc, pc + kc) for result columns
 // col0..col0 + 31, one 32-bit pair a column (columns from `end` on are zeros).
-inline void pack_b_panel_bf16(const tnc::GemmArgs& g, const bf16_t* B, int64_t pc, int64_t kc, int64_t col0, int64_t end,
-                              uint16_t* __restrict dst) {
+// (Both packers are forced inline: without the attribute the row split ran NN 1024^3 at
+// 1.07-1.17x the time it took before they were factored out of it, with it 0.95-1.05x.)
+[[gnu::always_inline]] inline void pack_b_panel_bf16(const tnc::GemmArgs& g, const bf16_t* B, int64_t pc, int64_t kc,
+                                                     int64_t col0, int64_t end, uint16_t* __restrict dst) {
   const int64_t kcp = (kc + 1) / 2;
   const bool full = col0 + 32 <= end && kc % 2 == 0;
   if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
@@ -126,8 +128,8 @@ inline void pack_b_panel_bf16(const tnc::GemmArgs& g, const bf16_t* B, int64_t p
 
 // One micro-panel of A: rows row0..row0 + kMRb - 1 (rows from m on are zeros), K pairs of
 // [pc, pc + kc), one 32-bit pair a row.
-inline void pack_a_tile_bf16(const tnc::GemmArgs& g, const bf16_t* A, int64_t row0, int64_t pc, int64_t kc,
-                             uint32_t* __restrict dst) {
+[[gnu::always_inline]] inline void pack_a_tile_bf16(const tnc::GemmArgs& g, const bf16_t* A, int64_t row0, int64_t pc,
+                                                    int64_t kc, uint32_t* __restrict dst) {
   const int64_t m = g.m, kcp = (kc + 1) / 2;
   if (g.a_col == 1 && kc % 2 == 0) {
     // rows of A contiguous along K: a micro-panel is a transpose of 32-bit K pairs, 16 pairs
@@ -160,11 +162,13 @@ inline void pack_a_tile_bf16(const tnc::GemmArgs& g, const bf16_t* A, int64_t ro
   }
 }
 
-// Up to this much of A (bf16 bytes) the panel split (gemm_bf16_dot_panels), which reads
-// all of A from the L3 once a panel; above it the row split, whose row blocks stay in the
-// L2. Paired processes on the Zen 4, NT, panel split against row split: m512 n5632 k1024
-// 0.86-0.94x the time, m512 n1024 k2816 (2.9 MB of A) 0.97-1.01x, m512 n32000 0.84x, m300
-// n1536 0.85x, m1024 n5632 k1024 0.98x; m2048 n1024 k1024 (4 MB of A) 1.10x.
+// NT products (B rows contiguous along K: F.linear's weight) with up to this much of A
+// (bf16 bytes) take the panel split (gemm_bf16_dot_panels), which reads all of A from the
+// L3 once a panel; others the row split, whose row blocks stay in the L2. Paired
+// processes on the Zen 4, panel split against row split: m512 n5632 k1024 0.86-0.94x the
+// time, m512 n1024 k2816 (2.9 MB of A) 0.97-1.01x, m512 n32000 0.84x, m300 n1536 0.85x,
+// m1024 n5632 k1024 0.98x; m2048 n1024 k1024 (4 MB of A) 1.10x; NN 1024^3 1.09x, m512
+// n4096 k1024 1.05x (its panels pack from strided rows, with nothing prefetched).
 constexpr int64_t kPanelsMaxABytes = 3 << 20;
 
 // The whole K in one block (k <= kKCb): the threads split the result's 32-column panels,
@@ -207,12 +211,12 @@ inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int thread
   const bf16_t* A = static_cast<const bf16_t*>(g.a) + bi * g.a_batch;
   const bf16_t* B = static_cast<const bf16_t*>(g.b) + bi * g.b_batch;
   bf16_t* D = static_cast<bf16_t*>(g.d) + bi * g.d_batch;
-  if (k <= kKCb && m * k * 2 <= kPanelsMaxABytes) {
+  if (g.b_row == 1 && k <= kKCb && m * k * 2 <= kPanelsMaxABytes) {
     gemm_bf16_dot_panels(g, A, B, D, threads);
     return;
   }
-  // K in blocks of kKCb, the partial sums in a float accumulator: per block of kNCb
-  // columns, B packed by all threads, then row blocks split among them
+  // per block of kNCb columns, B packed by all threads, then row blocks split among them;
+  // K in blocks of kKCb, the partial sums in a float accumulator where there are several
   const int64_t nc_max = std::min(kNCb, (n + 31) / 32 * 32);
   // row blocks: at most 12 micro-tiles tall, at least two per thread, and a multiple of
   // the thread count (11 blocks on 2 threads left one thread idle for a twelfth of the time)
@@ -243,10 +247,10 @@ inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int thread
             for (int64_t ir = 0; ir < mcur; ir += kMRb) {
               const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
               micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
-                              first);
+                              first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
             }
           }
-          if (last) {
+          if (last && !first) {
             for (int64_t i = ic; i < ic + mcur; ++i) {
               const float* crow = cacc + i * nc_max;
               bf16_t* drow = D + i * n + jc;
