@@ -360,7 +360,7 @@ def child(args) -> None:
     result["_pool"] = list(nb.native().pool_stats())
     # the machine's own distribution: each probe's repeats as calls (one pass over 256 MiB
     # each), held to the same tail and stability targets as the cases
-    result["_machine"] = {kind: nb.native().probe_bandwidth(kind, 256, threads, args.calls) for kind in MACHINE_PROBES}
+    result["_machine"] = probe_rates(MACHINE_PROBES, threads, args.calls)
     print("JSON " + json.dumps(result))
 
 

@@ -171,9 +171,10 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
 // n4096 k1024 1.05x (its panels pack from strided rows, with nothing prefetched).
 constexpr int64_t kPanelsMaxABytes = 3 << 20;
 
-// The whole K in one block (k <= kKCb): the threads split the result's 32-column panels,
-// and each packs a panel just before it multiplies it with every row, into a buffer of its
-// own, read back from its L2. A is packed once for all rows, shared. (Splitting the rows
+// An NT product (B's rows are the weight's, contiguous along K) with the whole K in one
+// block (k <= kKCb): the threads split the result's 32-column panels, and each packs a
+// panel just before it multiplies it with every row, into a buffer of its own, read back
+// from its L2. A is packed once for all rows, shared. (Splitting the rows
 // instead made every thread wait for the whole of B to be packed, and left one thread a
 // tile more than the other: 43 tiles at m = 512.)
 inline void gemm_bf16_dot_panels(const tnc::GemmArgs& g, const bf16_t* A, const bf16_t* B, bf16_t* D, int threads) {
@@ -183,15 +184,15 @@ inline void gemm_bf16_dot_panels(const tnc::GemmArgs& g, const bf16_t* A, const 
   tnc::parallel_for(tiles, 1, threads, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) pack_a_tile_bf16(g, A, t * kMRb, 0, k, apack + t * kMRb * kcp);
   });
+  // the next panel's 32 weight rows are prefetched a slice of their lines per tile
+  const int64_t row_lines = (k * 2 + 63) / 64, slice = (32 * row_lines + tiles - 1) / tiles;
   tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
     uint16_t* bpanel = reinterpret_cast<uint16_t*>(scratch(static_cast<size_t>(kcp * 32), 2));
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t col0 = p * 32;
       const int nr = static_cast<int>(std::min<int64_t>(32, n - col0));
       pack_b_panel_bf16(g, B, 0, k, col0, n, bpanel);
-      // the next panel's weight rows (NT: 32 rows of k), a slice per tile, into the L2
-      const bool ahead = g.b_row == 1 && p + 1 < p1 && col0 + 64 <= n;
-      const int64_t row_lines = (k * 2 + 63) / 64, slice = (32 * row_lines + tiles - 1) / tiles;
+      const bool ahead = p + 1 < p1 && col0 + 64 <= n;  // the next panel, full and this thread's
       for (int64_t t = 0; t < tiles; ++t) {
         if (ahead) {
           for (int64_t i = t * slice, e = std::min(32 * row_lines, i + slice); i < e; ++i)
