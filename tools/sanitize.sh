@@ -79,8 +79,10 @@ asan_venv=$asan_venvs/asan
 
 # At -O1, ASan's usual level (tileops._C's module keeps the -Os nanobind gives it): the
 # native kernels' -O3 template code took most of the job's build time on 2 cores (the
-# AVX-512 file alone: 141 s at -O2, 66 s at -O1, with ASan).
-asan_opt="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG"
+# AVX-512 file alone: 141 s at -O2, 66 s at -O1, with ASan). Line tables (-g1) instead of
+# full debug information: reports still name file and line, and that file took 41 s
+# against 71 s (the build step: 139 s against 203 s).
+asan_opt="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 
 # The native kernels' AVX-512 build only where this CPU runs it: elsewhere its tests could
 # only compile that file, never run it (121 s of CPU with ASan: about 30 s of the job).
@@ -121,17 +123,20 @@ no_reports() {  # fails, showing them, if the sanitizers wrote any report
   fi
 }
 
-asan_python() {  # asan_python <venv> <pytest args...>, from the current directory
-  local venv=$1 status=0
-  shift
+asan_python() {  # asan_python <venv> <workers> <pytest args...>, from the current directory
+  local venv=$1 workers=$2 status=0
+  shift 2
   rm -rf "$reports" && mkdir -p "$reports"
-  asan_run "$venv/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile "$@" \
+  asan_run "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "$workers" --dist loadfile "$@" \
     || status=$?
   no_reports
   return $status
 }
 
-asan_native_tests() { (cd backends/native_cpu && asan_python "$asan_venv-native" tests); }
+# One worker, so that the kernels run on every core, as they do for users: their parallel
+# paths are what most needs the sanitizers. (Two workers on 2 cores, each kernel on both:
+# 178-195 s; one: 138 s; two with a thread each: 113 s, but no kernel would run parallel.)
+asan_native_tests() { (cd backends/native_cpu && asan_python "$asan_venv-native" 1 tests); }
 
 asan_check_build() {
   # Proves the sanitized extensions are the ones loaded (an unsanitized _C would make the
@@ -156,7 +161,7 @@ step_python() {
   timed "python: ASan+UBSan builds (build/asan-py)" asan_venv_make
   asan_check_build
   timed "python: tests/oplayer + tests/reliability under ASan+UBSan" \
-    asan_python "$asan_venv" tests/oplayer tests/reliability
+    asan_python "$asan_venv" auto tests/oplayer tests/reliability
   timed "python: backends/native_cpu/tests under ASan+UBSan" asan_native_tests
 }
 
