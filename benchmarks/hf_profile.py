@@ -16,7 +16,10 @@ twice, replayed from a native_cpu kernel tape (the default: docs/transformers.md
 through the fused loop; the per-op profile runs through the loop, since a replayed step
 makes no op calls. Then the recorded tape is replayed alone with each kernel call timed by
 the tape (``replay_timed``), per kernel and argument shapes: the kernels' own share of a
-replayed step, without the Python around them.
+replayed step, without the Python around them. Last for the decode, ``generate``'s step
+per token split into transformers' generate loop, the integration's Python and the replay
+(``generate_split``), for the model and for the tiny one: the Python's cost on caches the
+weights flushed, against the same Python on warm ones.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import warnings
 import torch
 import transformers
 
-from hf_generate import CONFIG, TARGET, read_bandwidth_gbs
+from hf_generate import CONFIG, TARGET, never_stop, read_bandwidth_gbs
 from tileops import ops
 from tileops.integrations.transformers import enable
 
@@ -134,15 +137,22 @@ def report_tape(tape, replays: int) -> None:
         print(f"  {label:<64.64} {sum(secs) * 1e3:8.3f} ms  {len(secs):3d} calls{extra}")
 
 
+TINY = dict(CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+
+
+def tiny_model() -> torch.nn.Module:
+    """CONFIG's model at hidden 128 (same depth and head_dim, so the same op calls and
+    Python per step), enabled the same way: its steps run on warm caches."""
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).to(torch.bfloat16).eval()
+    enable(model, target=TARGET)
+    return never_stop(model)
+
+
 @torch.no_grad()
 def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
-    """Median seconds of a decode step of CONFIG's model at hidden 128 (same depth and
-    head_dim, so the same op calls and Python per step), enabled the same way; its steps
-    replayed from a kernel tape or run through the loop."""
-    tiny = dict(CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2,
-                num_key_value_heads=1)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny)).to(torch.bfloat16).eval()
-    enable(model, target=TARGET)
+    """Median seconds of a decode step of the tiny model; its steps replayed from a kernel
+    tape or run through the loop."""
+    model, tiny = tiny_model(), TINY
     if not replay:
         model.model._tileops.fused.replay = None
     out = model(ids % tiny["vocab_size"], use_cache=True)
@@ -153,6 +163,71 @@ def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
         times.append(time.perf_counter() - t0)
         tok = out.logits[:, -1:].argmax(-1)
     return statistics.median(times[4:])
+
+
+# A generate decode step, outermost first: what each measured stretch holds that the one
+# inside it does not (generate_split).
+SPLIT = (
+    ("transformers' generate loop outside the model's forward", "inputs, logits processing, argmax, stopping"),
+    ("the integration's causal LM forward around its decode step", "embedding, argument checks, the output object"),
+    ("the integration's decode step around the replay", "copies in, the cache's bookkeeping, the logits' copy"),
+    ("the kernels: the step's tape replayed", ""),
+)
+
+
+@torch.no_grad()
+def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[float]:
+    """Median seconds per token of ``model.generate``'s decode steps (greedy, batch 1), and
+    of each stretch of SPLIT, from timers around the model's forward, the fused model's
+    decode step and its tape's replay (``DecodeReplay.replay_seconds``)."""
+    replay = model.model._tileops.fused.replay
+    times: dict[str, list[float]] = {"token": [], "forward": [], "step": [], "replay": []}
+    forward, step = model.forward, replay.step
+
+    def timed(fn, key):
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            times[key].append(time.perf_counter() - t0)
+            if key == "step":
+                times["replay"].append(replay.replay_seconds)
+            return out
+
+        return run
+
+    class Tokens(transformers.generation.streamers.BaseStreamer):
+        def put(self, value):
+            times["token"].append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    patched = "forward" in vars(model)  # enable() patches a causal LM's forward per instance
+    model.forward, replay.step = timed(forward, "forward"), timed(step, "step")
+    try:
+        for _ in range(2):  # the first generate builds the kernels
+            for v in times.values():
+                v.clear()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                           streamer=Tokens(), pad_token_id=0)
+    finally:
+        del replay.step  # the class's method again
+        if patched:
+            model.forward = forward
+        else:
+            del model.forward
+    last = new // 2  # replayed steps only (the first decode step records its tape)
+    token = [b - a for a, b in zip(times["token"][1:], times["token"][2:])][-last:]
+    fwd, stp, rep = (times[k][-last:] for k in ("forward", "step", "replay"))
+    return [statistics.median(token), statistics.median(t - f for t, f in zip(token, fwd)),
+            statistics.median(f - s for f, s in zip(fwd, stp)), statistics.median(s - r for s, r in zip(stp, rep)),
+            statistics.median(rep)]
+
+
+def report_split(title: str, split: list[float]) -> None:
+    print(f"\n{title}: {split[0] * 1e3:.2f} ms per token (medians over the replayed steps)")
+    for (what, holds), sec in zip(SPLIT, split[1:]):
+        print(f"  {what:<62} {sec * 1e3:7.3f} ms  {holds}")
 
 
 @torch.no_grad()
@@ -201,6 +276,12 @@ def main() -> int:
     report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
     if tape is not None:
         report_tape(tape, args.steps)
+    if replay is not None:
+        never_stop(model)
+        report_split(f"generate's decode step (prompt {args.prompt}, batch 1, greedy)",
+                     generate_split(model, ids, 2 * args.steps))
+        report_split("the same for the tiny model (the same Python on warm caches)",
+                     generate_split(tiny_model(), ids % TINY["vocab_size"], 2 * args.steps))
 
     long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
     for _ in range(2):

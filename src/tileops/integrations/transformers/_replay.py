@@ -44,6 +44,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -118,6 +119,7 @@ class DecodeReplay:
         self.discarded: collections.Counter[int] = collections.Counter()  # per batch size
         self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
         self.replays = 0  # steps replayed (for tests and benchmarks)
+        self.replay_seconds = 0.0  # the last replay's wall time (for benchmarks: hf_profile.py)
 
     @property
     def recording(self) -> Recording | None:
@@ -142,7 +144,9 @@ class DecodeReplay:
             h.copy_(rows)
             p.copy_(pos)
             cache.layers_ran(1)
+            start = time.perf_counter()
             mine.tape.replay()
+            self.replay_seconds = time.perf_counter() - start
             self.replays += 1
             self._local.last = mine
             return mine.output.clone()
