@@ -34,7 +34,7 @@ import warnings
 import torch
 import transformers
 
-from hf_generate import CONFIG, TARGET, never_stop, read_bandwidth_gbs
+from hf_generate import CONFIG, TARGET, never_stop, read_bandwidth_gbs, weight_bytes_per_step
 from tileops import ops
 from tileops.integrations.transformers import enable
 
@@ -224,10 +224,21 @@ def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[
             statistics.median(rep)]
 
 
-def report_split(title: str, split: list[float]) -> None:
+def report_split(title: str, split: list[float], weight_bytes: int | None = None, gbs: float | None = None) -> None:
+    """SPLIT's stretches; with the step's weight bytes and the read bandwidth, the share of
+    hf_generate.py's decode limit (weights / bandwidth per step) the step reached, and the
+    most it could reach with the kernels at the probe's rate: with all this Python, and
+    with transformers' generate loop's alone (the part no integration can remove)."""
     print(f"\n{title}: {split[0] * 1e3:.2f} ms per token (medians over the replayed steps)")
     for (what, holds), sec in zip(SPLIT, split[1:]):
         print(f"  {what:<62} {sec * 1e3:7.3f} ms  {holds}")
+    if weight_bytes is not None and gbs is not None:
+        floor = weight_bytes / (gbs * 1e9)  # the kernels at the read probe's rate
+        python = sum(split[1:4])
+        print(f"  at the read probe's {gbs:.1f} GB/s the weights take {floor * 1e3:.2f} ms: this step reached "
+              f"{100 * floor / split[0]:.0f}% of the limit, the replay alone {100 * floor / split[4]:.0f}%; with this "
+              f"Python ({python * 1e3:.2f} ms) around kernels at the probe's rate, at most {100 * floor / (floor + python):.0f}%; "
+              f"with transformers' loop alone ({split[1] * 1e3:.2f} ms), at most {100 * floor / (floor + split[1]):.0f}%")
 
 
 @torch.no_grad()
@@ -278,8 +289,9 @@ def main() -> int:
         report_tape(tape, args.steps)
     if replay is not None:
         never_stop(model)
-        report_split(f"generate's decode step (prompt {args.prompt}, batch 1, greedy)",
-                     generate_split(model, ids, 2 * args.steps))
+        split = generate_split(model, ids, 2 * args.steps)
+        report_split(f"generate's decode step (prompt {args.prompt}, batch 1, greedy)", split,
+                     weight_bytes_per_step(model), read_bandwidth_gbs())
         report_split("the same for the tiny model (the same Python on warm caches)",
                      generate_split(tiny_model(), ids % TINY["vocab_size"], 2 * args.steps))
 
@@ -299,7 +311,7 @@ def main() -> int:
     print(f"\nprefill without the timers: median {statistics.median(runs) * 1e3:.1f} ms")
     report(f"prefill (prompt {args.prefill}, batch 1)", timer, timed, 1)
     print(f"\nread bandwidth now: {read_bandwidth_gbs():.1f} GB/s (weights read per decode step: "
-          f"{sum(p.numel() * p.element_size() for p in model.parameters() if p is not model.get_input_embeddings().weight) / 1e6:.1f} MB)")
+          f"{weight_bytes_per_step(model) / 1e6:.1f} MB)")
     return 0
 
 
