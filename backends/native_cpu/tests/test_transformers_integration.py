@@ -488,6 +488,7 @@ def test_a_replayed_step_is_as_checked_as_a_called_one():
             out = model(input_ids=ids[:, :1], use_cache=True, **{_cache_kw(model): _cache(out)})
         replay = model.model._tileops.fused.replay
         assert replay.replays == 2  # the first decode step recorded the tape, the next two replayed it
+        assert 0 < replay.replay_seconds < 60  # the last replay's wall time (hf_profile.py's generate split)
         replay.recording.inputs[1].fill_(10**6)  # a position no RoPE table holds
         with pytest.raises(IndexError, match="position_ids must lie in"):
             replay.recording.tape.replay()
