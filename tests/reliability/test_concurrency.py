@@ -153,7 +153,7 @@ def test_first_calls_with_different_signatures_build_in_parallel(instances):
         rows = x.shape[0]
         started[rows].set()
         other = 3 - rows
-        if not started[other].wait(5):
+        if not started[other].wait(JOIN_S):
             raise TimeoutError(
                 f"the build for {other} rows never started while {rows} was building"
             )
