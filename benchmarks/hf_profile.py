@@ -152,10 +152,10 @@ def tiny_model() -> torch.nn.Module:
 def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
     """Median seconds of a decode step of the tiny model; its steps replayed from a kernel
     tape or run through the loop."""
-    model, tiny = tiny_model(), TINY
+    model = tiny_model()
     if not replay:
         model.model._tileops.fused.replay = None
-    out = model(ids % tiny["vocab_size"], use_cache=True)
+    out = model(ids % TINY["vocab_size"], use_cache=True)
     cache, tok, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
     for i in range(steps + 4):
         t0 = time.perf_counter()
