@@ -21,6 +21,7 @@ struct Simd {
   static void store_n(T* p, F v, int n) { if (n > 0) *p = tnc::from_float<T>(v); }
 
   static constexpr bool kHasStream = false;
+  static constexpr int kRowAheadBytes = 0;  // see simd_avx2.h
   template <class T>
   static void stream(T* p, F v) { store(p, v); }
   static void stream_fence() {}

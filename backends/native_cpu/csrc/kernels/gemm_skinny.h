@@ -110,9 +110,21 @@ inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, 
     for (int j = 0; j < NB; ++j) out[r][j] = S::reduce_add(kOddAcc ? S::add(acc[r][j], odd[r][j]) : acc[r][j]);
 }
 
+// The lines S::kRowAheadBytes past the Bytes read from p on, non-temporally (prefetchnta:
+// a weight row is read once); nothing where the ISA sets no distance. Past the row's end it
+// reaches into the next row, which the same thread reads next.
+template <int Bytes>
+inline void prefetch_row_ahead(const void* p) {
+  if constexpr (S::kRowAheadBytes > 0) {
+    const char* ahead = static_cast<const char*>(p) + S::kRowAheadBytes;
+#pragma GCC unroll 4
+    for (int b = 0; b < Bytes; b += 64) __builtin_prefetch(ahead + b, 0, 0);
+  }
+}
+
 // out[r] = A row r . B row `row` (A packed as for skinny_nt_block), the row read once from
 // front to back: C independent accumulators per A row along K (FMA latency), summed at the
-// end.
+// end; S::kRowAheadBytes ahead of the reads, prefetched (prefetch_row_ahead).
 template <class T, int MR, bool Pairs = false>
 inline void skinny_nt_row(const float* __restrict ap, int64_t kp, const T* row, int64_t k, float out[MR]) {
   static_assert(!Pairs || kPairsPermute<T>, "Pairs needs the ISA's load_pair for T");
@@ -140,9 +152,11 @@ inline void skinny_nt_row(const float* __restrict ap, int64_t kp, const T* row, 
     }
   };
   int64_t kk = 0;
-  for (; kk + C * kStep <= k; kk += C * kStep)
+  for (; kk + C * kStep <= k; kk += C * kStep) {
+    prefetch_row_ahead<C * kStep * static_cast<int>(sizeof(T))>(row + kk);
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) step(c, kk + c * kStep, row + kk + c * kStep);
+  }
   for (; kk + kStep <= k; kk += kStep) step(0, kk, row + kk);
   if (kk < k) {  // the last partial step, from a zero-padded copy of the row's tail
     alignas(64) T tail[kStep];
