@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <exception>
 #include <string>
 #include <vector>
@@ -171,6 +174,117 @@ std::vector<std::string> Tape::descriptions() const {
   return out;
 }
 
+// ---- greedy decoding on a tape ------------------------------------------------------
+// A causal LM's decode step recorded with its LM head replayed for many tokens from one
+// call: after each replay, each sequence's next token is the first largest of its logits
+// (torch.argmax's pick: NaN counts as largest); its embedding row is copied into the
+// step's input rows and the step's positions and cache lengths move on by one, so no
+// Python runs between the steps. With end-of-sequence ids, as transformers' greedy search
+// does: a sequence that has finished gets `pad` instead, a token among `eos` finishes its
+// sequence, and the loop ends early once all have.
+
+struct GreedyArgs {
+  TensorView logits, table, rows, positions, seqlens, last, tokens, unfinished;
+  std::vector<int64_t> eos;
+  int64_t pad;
+};
+
+float logit_at(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::f32: return static_cast<const float*>(v.data)[i];
+    case DType::bf16: return to_float(static_cast<const bf16_t*>(v.data)[i]);
+    default: return to_float(static_cast<const half_t*>(v.data)[i]);
+  }
+}
+
+int64_t first_largest(const TensorView& logits, int64_t row) {
+  const int64_t n = logits.shape[1], base = row * n;
+  int64_t best = 0;
+  float top = logit_at(logits, base);
+  for (int64_t i = 1; i < n && top == top; ++i) {  // stops at a NaN: nothing later replaces it
+    const float x = logit_at(logits, base + i);
+    if (x > top || x != x) top = x, best = i;
+  }
+  return best;
+}
+
+void expect_shape(const TensorView& v, const char* what, DType dtype, std::initializer_list<int64_t> shape) {
+  bool ok = v.dtype == dtype && v.ndim == static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t d : shape) ok = ok && (d < 0 || v.shape[i++] == d);
+  if (ok) return;
+  std::string want = std::string(dtype_name(dtype)) + " [";
+  i = 0;
+  for (int64_t d : shape) want += (i++ ? ", " : "") + (d < 0 ? std::string("*") : std::to_string(d));
+  throw nb::value_error(("replay_greedy: " + std::string(what) + " must be " + want + "], got " + dtype_name(v.dtype) +
+                         " " + shape_text(v.shape, static_cast<size_t>(v.ndim))).c_str());
+}
+
+GreedyArgs greedy_args(nb::handle logits, nb::handle table, nb::handle rows, nb::handle positions, nb::handle seqlens,
+                       nb::handle last, nb::handle tokens, nb::handle unfinished, std::vector<int64_t> eos, int64_t pad) {
+  GreedyArgs a{{}, {}, {}, {}, {}, {}, {}, {}, std::move(eos), pad};
+  const std::pair<nb::handle, TensorView*> all[] = {{logits, &a.logits}, {table, &a.table}, {rows, &a.rows},
+      {positions, &a.positions}, {seqlens, &a.seqlens}, {last, &a.last}, {tokens, &a.tokens}, {unfinished, &a.unfinished}};
+  const char* names[] = {"logits", "table", "rows", "positions", "seqlens", "last", "tokens", "unfinished"};
+  for (int i = 0; i < 8; ++i)
+    if (!read_tensor(all[i].first.ptr(), *all[i].second, names[i])) throw nb::python_error();
+  const DType f = a.logits.dtype;
+  if (a.logits.ndim != 2 || (f != DType::f32 && f != DType::bf16 && f != DType::f16) || a.logits.shape[1] < 1)
+    throw nb::value_error(("replay_greedy: logits must be float32, bfloat16 or float16 [B, V], got " +
+                           std::string(dtype_name(f)) + " " + shape_text(a.logits.shape, static_cast<size_t>(a.logits.ndim))).c_str());
+  const int64_t b = a.logits.shape[0], vocab = a.logits.shape[1];
+  if (a.table.ndim != 2) expect_shape(a.table, "table", a.table.dtype, {-1, -1});
+  expect_shape(a.rows, "rows", a.table.dtype, {b, a.table.shape[1]});
+  expect_shape(a.positions, "positions", DType::i64, {b});
+  expect_shape(a.seqlens, "seqlens", DType::i32, {b});
+  expect_shape(a.last, "last", DType::i64, {b});
+  expect_shape(a.tokens, "tokens", DType::i64, {b, -1});
+  expect_shape(a.unfinished, "unfinished", DType::i64, {b});
+  if (vocab > a.table.shape[0])
+    throw nb::value_error(("replay_greedy: " + std::to_string(vocab) + " logits per row but the embedding table has " +
+                           std::to_string(a.table.shape[0]) + " rows").c_str());
+  if (!a.eos.empty() && (pad < 0 || pad >= a.table.shape[0]))
+    throw nb::value_error(("replay_greedy: pad id " + std::to_string(pad) + " is not a row of the embedding table (" +
+                           std::to_string(a.table.shape[0]) + " rows)").c_str());
+  return a;
+}
+
+// Replays `steps` steps at most (tokens' columns at most); returns how many ran.
+int64_t replay_greedy(Tape& tape, int64_t steps, const GreedyArgs& a) {
+  const int64_t batch = a.logits.shape[0], width = a.table.shape[1], row_bytes = width * dtype_size(a.table.dtype);
+  steps = std::min(steps, a.tokens.shape[1]);
+  auto* pos = static_cast<int64_t*>(a.positions.data);
+  auto* lens = static_cast<int32_t*>(a.seqlens.data);
+  auto* last = static_cast<int64_t*>(a.last.data);
+  auto* tokens = static_cast<int64_t*>(a.tokens.data);
+  auto* unfinished = static_cast<int64_t*>(a.unfinished.data);
+  const auto* table = static_cast<const char*>(a.table.data);
+  auto* rows = static_cast<char*>(a.rows.data);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t b = 0; b < batch; ++b) {
+      if (last[b] < 0 || last[b] >= a.table.shape[0])
+        throw nb::value_error(("replay_greedy: token " + std::to_string(last[b]) + " of sequence " + std::to_string(b) +
+                               " is not a row of the embedding table").c_str());
+      std::memcpy(rows + b * row_bytes, table + last[b] * row_bytes, static_cast<size_t>(row_bytes));
+      pos[b] += 1;
+      lens[b] += 1;
+    }
+    tape.replay();
+    bool any = a.eos.empty();
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t t = first_largest(a.logits, b);
+      if (!a.eos.empty()) {
+        if (unfinished[b] == 0) t = a.pad;
+        if (std::find(a.eos.begin(), a.eos.end(), t) != a.eos.end()) unfinished[b] = 0;
+        any = any || unfinished[b] != 0;
+      }
+      tokens[b * a.tokens.shape[1] + s] = last[b] = t;
+    }
+    if (!any) return s + 1;
+  }
+  return steps;
+}
+
 }  // namespace
 
 PyObject* call_kernel(PyObject* self, Kernel* k, PyObject* args) {
@@ -194,6 +308,23 @@ void bind_tape(nb::module_& m) {
             return seconds;
           },
           "replay(), returning each call's wall time in seconds (in the order of descriptions())")
+      .def(
+          "replay_greedy",
+          [](Tape& t, int64_t steps, nb::handle logits, nb::handle table, nb::handle rows, nb::handle positions,
+             nb::handle seqlens, nb::handle last, nb::handle tokens, nb::handle unfinished, std::vector<int64_t> eos,
+             int64_t pad) {
+            if (steps < 0) throw nb::value_error("replay_greedy: steps must be >= 0");
+            return replay_greedy(t, steps, greedy_args(logits, table, rows, positions, seqlens, last, tokens, unfinished,
+                                                       std::move(eos), pad));
+          },
+          nb::arg("steps"), nb::arg("logits"), nb::arg("table"), nb::arg("rows"), nb::arg("positions"), nb::arg("seqlens"),
+          nb::arg("last"), nb::arg("tokens"), nb::arg("unfinished"), nb::arg("eos"), nb::arg("pad"),
+          "Greedy decoding on a tape recorded with its LM head (`logits`, its last output [B, V]): up to `steps` "
+          "times, each sequence's token in `last` [B] has its row of the embedding `table` copied into `rows` [B, H] "
+          "(the step's input), `positions` [B] (int64) and `seqlens` [B] (int32, the cache's lengths) move on by one, "
+          "the tape replays, and the first largest logit of each row becomes its next token (into `last` and column "
+          "s of `tokens` [B, >= steps]). With `eos` ids, a finished sequence (`unfinished` [B], int64 0/1) gets `pad` "
+          "and a token in `eos` finishes its sequence; the loop ends once none is unfinished. Returns the steps run.")
       .def("__len__", &Tape::size)
       .def("descriptions", &Tape::descriptions, "the recorded calls, in order: each kernel, its arguments' shapes and its outputs' shapes");
 }
