@@ -117,9 +117,10 @@ class TileopsCache(Cache):
         self.seqs: list[int] = []
         self.seen = 0  # positions the page table holds, pads included
         self.step: Step | None = None  # the forward in progress (or the last one)
+        self.reserved_ahead = False  # pages reserved since the last step: its block table is stale
 
     def reset(self) -> None:
-        self.paged, self.seqs, self.seen, self.step = None, [], 0, None
+        self.paged, self.seqs, self.seen, self.step, self.reserved_ahead = None, [], 0, None, False
         for layer in self.layers:
             layer.seen = 0
             layer.is_initialized = False
@@ -163,6 +164,30 @@ class TileopsCache(Cache):
             layer.seen += q_len
             layer.is_initialized = True
 
+    def reserve_ahead(self, tokens: int) -> None:
+        """Reserves the pages of each sequence's next ``tokens`` tokens now (growing the pool
+        if it must), so that the next step's block table holds them all: decode steps
+        replayed from C++ (``_generate.py``) read the table their tape recorded."""
+        if self.paged is None:
+            raise RuntimeError("TileopsCache.reserve_ahead: the cache's first forward makes its pools (step_for)")
+        counts = [tokens] * len(self.seqs)
+        self._room(counts)
+        self.reserved_ahead = self.paged.reserve(self.seqs, counts) or self.reserved_ahead
+
+    def replayed(self, steps: int) -> None:
+        """``steps`` more decode steps ran after the last one without ``begin_forward``: a
+        tape's ``replay_greedy`` moved the step's lengths tensor on by one each, in the
+        pages ``reserve_ahead`` reserved."""
+        if steps <= 0:
+            return
+        step = self.step
+        self.paged.advance(self.seqs, [steps] * len(self.seqs))
+        self.step = Step(step.q_len, step.counts, tuple(c + steps for c in step.cached), step.cu_seqlens_q,
+                         step.cache_seqlens, step.block_table)
+        self.seen += steps
+        for layer in self.layers:
+            layer.seen += steps
+
     def _start(self, batch: int, q_len: int, attention_mask: torch.Tensor | None, k: torch.Tensor | None) -> Step:
         cached = self.lengths(batch)
         counts = new_token_counts(attention_mask, batch, q_len, cached)
@@ -174,11 +199,9 @@ class TileopsCache(Cache):
         if self.paged is None:
             self._make(len(counts), k, max(counts))
         device = self.paged.device
-        need = self.paged.pages_needed(self.seqs, counts)
-        if need > self.paged.num_free_pages:
-            held = self.paged.num_pages - self.paged.num_free_pages
-            self.paged.grow(max(2 * self.paged.num_pages, held + need))
-        changed = self.paged.reserve(self.seqs, counts)
+        self._room(counts)
+        changed = self.paged.reserve(self.seqs, counts) or self.reserved_ahead
+        self.reserved_ahead = False
         self.paged.advance(self.seqs, counts)
         # A step of the batch before reuses its tensors, updated in place where they change:
         # a replayed decode step reads the ones its tape recorded.
@@ -199,6 +222,14 @@ class TileopsCache(Cache):
         if last is not None:
             lengths = last.cache_seqlens.copy_(lengths)
         return Step(q_len, tuple(counts), tuple(cached), cu, lengths, table)
+
+    def _room(self, counts: list[int]) -> None:
+        """Grows the pool (doubling it at least) where the sequences' next ``counts`` tokens
+        need more pages than are free."""
+        need = self.paged.pages_needed(self.seqs, counts)
+        if need > self.paged.num_free_pages:
+            held = self.paged.num_pages - self.paged.num_free_pages
+            self.paged.grow(max(2 * self.paged.num_pages, held + need))
 
     def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
         # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from tileops.serving.host_memory import huge_pages_available
 
-from . import _attention, _forwards, _fused_model, _fusion, _moe, _placement
+from . import _attention, _forwards, _fused_model, _fusion, _generate, _moe, _placement
 from ._cache import PAGE_SIZE, TileopsCache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
@@ -427,6 +427,9 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
             model._tileops = types.SimpleNamespace(name="causal LM", forward=model.forward, fused=fused, head=head,
                                                    output=output, cache_field=_cache_field(output))
             model.forward = types.MethodType(_causal_lm_forward_like(type(model).forward), model)
+            if "custom_generate" in inspect.signature(type(model).generate).parameters:  # the hook _generate.py takes
+                plan.report.replaced["greedy search loop"] = [type(model).__name__]
+                model.generate = types.MethodType(_generate.generate_like(type(model).generate), model)
     model._tileops_enabled = saved
     return plan.report
 
@@ -443,6 +446,7 @@ def disable(model: nn.Module) -> None:
         if "_tileops" in module.__dict__:  # patched by enable: forward and state go
             del module._tileops
             module.__dict__.pop("forward", None)
+            module.__dict__.pop("generate", None)
     model.config._attn_implementation = saved["attn"]
     for config, experts_implementation in reversed(saved["experts"]):
         config._experts_implementation = experts_implementation

@@ -119,11 +119,13 @@ class DecodeReplay:
         self.discarded: collections.Counter[int] = collections.Counter()  # per batch size
         self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
         self.replays = 0  # steps replayed (for tests and benchmarks)
+        self.searched = 0  # of which by greedy search's loop in C++ (_generate.py)
         self.replay_seconds = 0.0  # the last replay's wall time (for benchmarks: hf_profile.py)
 
     @property
     def recording(self) -> Recording | None:
-        """This thread's recording of its last replayed or recorded step, if it has one."""
+        """This thread's recording of its last step, where that step was replayed or recorded
+        (None where it ran the loop without a tape)."""
         return getattr(self._local, "last", None)
 
     def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
@@ -131,7 +133,7 @@ class DecodeReplay:
         """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
         with ``head`` (the causal LM's served output projection, ``_patch.py``), its logits
         ``[B, vocab]``, the head's GEMM on the tape with the layers."""
-        fused = self.fused
+        self._local.last = None  # until this step runs through a tape
         if batch in self.refused or not isinstance(cache, TileopsCache) or cache.paged is None or rows.device.type != "cpu":
             return self._forward(rows.contiguous(), pos, masks, cache, batch, head)
         step = cache.begin_forward(batch, 1, masks[0])

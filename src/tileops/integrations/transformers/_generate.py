@@ -1,0 +1,194 @@
+"""``generate``'s greedy search with its decode steps run token after token from C++.
+
+A replayed decode step (``_replay.py``) still has Python around it each token:
+transformers' generate loop (inputs, logits processing, argmax, stopping criteria) and
+the integration's forward. hf_profile.py measured 1.3-1.4 ms of it a token on
+hf_generate.py's Llama at batch 1, 10-13% of a step, on caches that the step's weights
+flushed; no trimming of it reached the 90% of the bandwidth limit that issue 12 asks of
+a decode.
+
+So an enabled plain causal LM whose decode step replays (``_patch.py``) gets a
+``generate`` of its own: transformers' ``generate`` with ``greedy_search`` below as its
+decoding method (transformers' ``custom_generate=`` hook). Everything before that method
+stays transformers': the generation config, the logits processors and stopping criteria
+it makes, the inputs, masks and cache. ``greedy_search`` serves the greedy searches whose
+every step it does exactly as transformers would:
+
+- greedy decoding (``do_sample`` off, one beam), no logits processor, stopping by
+  ``max_length`` and end-of-sequence ids only, no per-step outputs asked for
+  (``return_dict_in_generate``), no streamer;
+- it prefills and runs the first decode step through the model as transformers does
+  (``_prefill``, ``prepare_inputs_for_generation``), which records the step's tape with
+  the LM head, then hands the remaining steps to the tape's ``replay_greedy``: each
+  sequence's next token is the first largest logit (``torch.argmax``'s pick), a finished
+  sequence gets the pad token, an end-of-sequence token finishes its sequence.
+
+The tokens are transformers' greedy tokens: the same kernels on the same values as the
+step it replays, and the same pick. Anything else goes to transformers' own decoding
+method for the mode, with the same arguments, or, where transformers would not call a
+method of the model (a mode moved to the Hub), to transformers' ``generate`` without the
+hook. ``type(model).generate(model, ...)`` is transformers' loop over replayed steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMode
+
+from ._cache import TileopsCache
+
+__all__ = ["generate_like", "greedy_search"]
+
+# model_kwargs that generate prepares for a plain causal LM's text prompt (transformers <
+# 5.24 names the cache past_key_values)
+_KNOWN_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep",
+                 "cache_position"}
+# generate's arguments after which the loop is not ours to run
+# (transformers hands a custom_generate callable none of these: its decoding method reads them)
+_NOT_OURS = ("custom_generate", "streamer", "assistant_model", "synced_gpus", "tokenizer", "assistant_tokenizer")
+
+
+class _Elsewhere(Exception):
+    """greedy_search cannot serve the call and transformers has no method of the model for
+    its mode: generate runs again without the hook."""
+
+
+def generate_like(cls_generate: Any) -> Any:
+    """The model's ``generate`` with ``greedy_search`` as its decoding method where a call
+    leaves the decoding loop to transformers; transformers' ``generate`` otherwise."""
+
+    @functools.wraps(cls_generate)
+    def generate(self: nn.Module, *args: Any, **kwargs: Any):
+        if len(args) > 1 or any(kwargs.get(k) is not None for k in _NOT_OURS):
+            return cls_generate(self, *args, **kwargs)
+        try:
+            return cls_generate(self, *args, custom_generate=greedy_search, **kwargs)
+        except _Elsewhere:
+            return cls_generate(self, *args, **kwargs)
+
+    return generate
+
+
+def greedy_search(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
+                  generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any):
+    """A decoding method for transformers' ``generate`` (its ``_sample``'s arguments)."""
+    why = _not_served(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+    if why is not None:
+        mode = generation_config.get_generation_mode()
+        method = getattr(type(model), GENERATION_MODES_MAPPING.get(mode, "/"), None)
+        if method is None:
+            raise _Elsewhere(why)
+        return method(model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+                      generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+    return _greedy(model, input_ids, stopping_criteria, generation_config, model_kwargs)
+
+
+def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
+                generation_config: Any, model_kwargs: dict) -> str | None:
+    """Why greedy_search hands the call to transformers, or None where it serves it."""
+    if generation_config.get_generation_mode() != GenerationMode.GREEDY_SEARCH:
+        return "not a greedy search"
+    if len(logits_processor):
+        return "logits processors"
+    if any(type(c) not in (MaxLengthCriteria, EosTokenCriteria) for c in stopping_criteria):
+        return "stopping criteria other than max_length and end-of-sequence ids"
+    if not any(type(c) is MaxLengthCriteria for c in stopping_criteria):
+        return "no max_length"
+    if (generation_config.return_dict_in_generate or getattr(generation_config, "is_assistant", False)
+            or getattr(generation_config, "prefill_chunk_size", None) is not None):
+        return "per-step outputs, an assistant's search or chunked prefill"
+    if any(k not in _KNOWN_KWARGS for k in model_kwargs) or model_kwargs.get("use_cache") is False:
+        return "model inputs other than a text prompt's, or no cache"
+    if input_ids.device.type != "cpu" or input_ids.ndim != 2:
+        return "not a CPU batch of token ids"
+    if not _loop_helpers_known(type(model)):
+        return "a transformers whose generate helpers _greedy does not know"
+    if any(type(c) is EosTokenCriteria for c in stopping_criteria) and generation_config._pad_token_tensor is None:
+        return "end-of-sequence ids without a pad token"
+    embed = model.get_input_embeddings()
+    if type(embed) is not nn.Embedding or embed._forward_hooks or embed._forward_pre_hooks:
+        return "an input embedding other than a plain nn.Embedding"
+    if model._tileops.head.out_features > embed.num_embeddings:
+        return "more logits than embedding rows"
+    fused = model._tileops.fused
+    if input_ids.shape[0] in fused.replay.refused:
+        return f"decode steps not replayed at batch {input_ids.shape[0]}: {fused.replay.refused[input_ids.shape[0]]}"
+    return None
+
+
+@functools.cache
+def _loop_helpers_known(cls: type) -> bool:
+    """Whether ``cls`` has the helpers of transformers' ``_sample`` that ``_greedy`` calls,
+    with the arguments it passes (transformers 5.24's)."""
+    def takes(name: str, *params: str) -> bool:
+        fn = getattr(cls, name, None)
+        return fn is not None and all(p in inspect.signature(fn).parameters for p in params)
+
+    return (takes("_prefill", "input_ids", "generation_config", "model_kwargs", "is_first_iteration")
+            and takes("prepare_inputs_for_generation", "next_sequence_length")
+            and takes("_update_model_kwargs_for_generation", "outputs", "model_kwargs", "is_encoder_decoder"))
+
+
+def _greedy(model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, generation_config: Any,
+            model_kwargs: dict) -> torch.Tensor:
+    """transformers' greedy search (``_sample`` with do_sample off), its decode steps after
+    the first replayed from C++."""
+    max_length = next(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria)
+    eos = sorted({int(i) for c in stopping_criteria if type(c) is EosTokenCriteria for i in c.eos_token_id.flatten()})
+    pad = int(generation_config._pad_token_tensor) if eos else -1
+    unfinished = torch.ones(input_ids.shape[0], dtype=torch.long)
+    st = model._tileops
+    outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
+    reserved = False
+    while True:
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
+        last = outputs.logits[:, -1].to(dtype=torch.float32).argmax(dim=-1)
+        del outputs
+        if eos:
+            last = last * unfinished + pad * (1 - unfinished)
+        input_ids = torch.cat([input_ids, last[:, None]], dim=-1)
+        unfinished = unfinished & ~stopping_criteria(input_ids, None)
+        if unfinished.max() == 0:
+            return input_ids
+        cache = next((v for v in model_kwargs.values() if isinstance(v, TileopsCache)), None)
+        left = max_length - input_ids.shape[1]  # decode steps still to run
+        if reserved and cache is not None:
+            ran = _replay_rest(model, st, cache, last, unfinished, left, eos, pad)
+            if ran is not None:
+                return torch.cat([input_ids, ran], dim=-1)
+        if not reserved and cache is not None and cache.paged is not None:
+            # the pages of every step to come, in the block table the next step's tape records
+            cache.reserve_ahead(left)
+            reserved = True
+        inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, **model_kwargs)
+        outputs = model(**inputs, return_dict=True)
+
+
+def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Tensor, unfinished: torch.Tensor,
+                 steps: int, eos: list[int], pad: int) -> torch.Tensor | None:
+    """The tokens of the remaining ``steps`` decode steps (fewer where every sequence
+    finished), replayed from C++ on the tape that the step just run recorded or replayed;
+    None where that step did not run through such a tape, or the steps would pass the
+    positions RoPE serves (the model's forward then runs them, and says so)."""
+    rec = st.fused.replay.recording
+    step = cache.step
+    if (rec is None or rec.key[-1] is not st.head or rec.cache() is not cache or step is None
+            or rec.key[3] is not step.cache_seqlens or steps < 1):
+        return None
+    rows, positions = rec.inputs
+    max_position = st.fused.layers[0].self_attn._tileops.positions.max_position
+    if int(positions.max()) + steps >= max_position:
+        return None
+    tokens = torch.empty(last.shape[0], steps, dtype=torch.long)
+    ran = rec.tape.replay_greedy(steps, rec.output, model.get_input_embeddings().weight, rows, positions,
+                                 step.cache_seqlens, last.contiguous(), tokens, unfinished, eos, pad)
+    cache.replayed(ran)
+    st.fused.replay.replays += ran
+    st.fused.replay.searched += ran
+    return tokens[:, :ran]
