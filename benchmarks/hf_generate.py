@@ -25,8 +25,12 @@ Per workload (prompt length P, batch B), with greedy decoding:
 - prefill's share of the machine's bfloat16 peak: the prompt's FLOPs (every layer's
   projections and causal attention, the head for the last token: ``prefill_flops``) per
   second, over native_cpu's vdpbf16ps throughput probe (the best of 9 at the start).
-At the end: how many of tileops' decode steps were replayed from a native_cpu kernel tape
-(the default where it applies: docs/transformers.md).
+HF + tileops is the enabled model's own ``generate``: for these greedy searches, the
+prefill and the first decode step run the model and every later step replays from C++
+(docs/transformers.md, "Greedy search with its decode steps in C++"); hf_profile.py
+times it against transformers' loop over the same replayed steps. At the end: how many of
+tileops' decode steps were replayed from a native_cpu kernel tape, and how many of those
+by the search's loop in C++.
 """
 
 from __future__ import annotations
@@ -186,7 +190,8 @@ def main() -> int:
     replay = getattr(fused, "replay", None)
     if replay is not None:  # decode steps replayed from a native_cpu kernel tape (docs/transformers.md)
         refused = f"; not replayed at batch sizes {replay.refused}" if replay.refused else ""
-        print(f"\nHF + tileops decode steps replayed from a kernel tape: {replay.replays}{refused}")
+        print(f"\nHF + tileops decode steps replayed from a kernel tape: {replay.replays}, of which {replay.searched} "
+              f"by greedy search's loop in C++{refused}")
     return 0
 
 

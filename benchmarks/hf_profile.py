@@ -18,8 +18,11 @@ makes no op calls. Then the recorded tape is replayed alone with each kernel cal
 the tape (``replay_timed``), per kernel and argument shapes: the kernels' own share of a
 replayed step, without the Python around them. Last for the decode, ``generate``'s step
 per token split into transformers' generate loop, the integration's Python and the replay
-(``generate_split``), for the model and for the tiny one: the Python's cost on caches the
-weights flushed, against the same Python on warm ones.
+(``generate_split``: transformers' loop, which ``type(model).generate`` runs), for the
+model and for the tiny one: the Python's cost on caches the weights flushed, against the
+same Python on warm ones. Then the enabled model's own greedy ``generate``, whose decode
+steps after the first replay from C++ with no Python between them (_generate.py), against
+transformers' loop over the same replayed steps, alternated (``search_side_by_side``).
 """
 
 from __future__ import annotations
@@ -224,6 +227,30 @@ def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[
             statistics.median(rep)]
 
 
+@torch.no_grad()
+def search_side_by_side(model: torch.nn.Module, ids: torch.Tensor, new: int, rounds: int = 5) -> dict[str, float]:
+    """Median seconds per decode step of greedy ``generate`` with its steps replayed from C++
+    (the enabled model's own generate: _generate.py) and of transformers' loop over the
+    same replayed steps (``type(model).generate``), alternated over ``rounds``: each is
+    generate of ``new`` tokens minus generate of 1, over new - 1 steps."""
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    loops = {"the search in C++": model.generate,
+             "transformers' loop": lambda *a, **k: type(model).generate(model, *a, **k)}
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name in list(loops) if r % 2 else list(loops)[::-1]:
+            t0 = time.perf_counter()
+            loops[name](ids, max_new_tokens=1, **kw)
+            t1 = time.perf_counter()
+            out = loops[name](ids, max_new_tokens=new, **kw)
+            t2 = time.perf_counter()
+            if out.shape[1] != ids.shape[1] + new:
+                raise RuntimeError("generate stopped early (never_stop)")
+            if r:
+                times[name].append((t2 - t1 - (t1 - t0)) / (new - 1))
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def report_split(title: str, split: list[float], weight_bytes: int | None = None, gbs: float | None = None) -> None:
     """SPLIT's stretches; with the step's weight bytes and the read bandwidth, the share of
     hf_generate.py's decode limit (weights / bandwidth per step) the step reached, and the
@@ -294,6 +321,12 @@ def main() -> int:
                      weight_bytes_per_step(model), read_bandwidth_gbs())
         report_split("the same for the tiny model (the same Python on warm caches)",
                      generate_split(tiny_model(), ids % TINY["vocab_size"], 2 * args.steps))
+        side = search_side_by_side(model, ids, args.steps + 1)
+        floor = weight_bytes_per_step(model) / (read_bandwidth_gbs() * 1e9)
+        print(f"\ngreedy generate per decode step, alternated (prompt {args.prompt}, batch 1, {args.steps} steps): "
+              f"at the read probe's rate now the weights take {floor * 1e3:.2f} ms")
+        for name, sec in side.items():
+            print(f"  {name:<24} {sec * 1e3:7.2f} ms  {1 / sec:6.1f} tok/s  {100 * floor / sec:5.1f}% of the limit")
 
     long_ids = torch.randint(1, CONFIG["vocab_size"], (1, args.prefill))
     for _ in range(2):
