@@ -25,9 +25,7 @@ def test_bandwidth_probe_refusals(native):
 
 
 def test_bf16_peak_probe(native):
-    if native.isa() != "avx512":
-        with pytest.raises(ValueError, match="probe_bf16_dot"):
-            native.probe_bf16_peak(1, 1, 5.0)
-        return
+    """Every build has one: vdpbf16ps on AVX-512 BF16, the float FMAs the bfloat16 GEMM
+    widens into elsewhere."""
     one, two = native.probe_bf16_peak(1, 3, 5.0), native.probe_bf16_peak(2, 3, 5.0)
-    assert all(math.isfinite(r) and 1 < r < 100_000 for r in one + two), (one, two)
+    assert all(math.isfinite(r) and 0.1 < r < 100_000 for r in one + two), (one, two)

@@ -90,7 +90,8 @@ std::vector<double> probe_bandwidth(const std::string& kind, int64_t mib, int th
   return rates;
 }
 
-// GFLOP/s of each repeat of `ms` milliseconds of vdpbf16ps on every thread.
+// GFLOP/s of each repeat of `ms` milliseconds of the bfloat16 GEMM's products on every
+// thread: vdpbf16ps on AVX-512 BF16, float FMAs elsewhere (kernels/probe.h).
 std::vector<double> probe_bf16_peak(int threads, int repeats, double ms) {
   check_threads(threads);
   const auto fn = require_kernel<ProbeArgs>("probe_bf16_dot", DType::bf16);
@@ -121,7 +122,8 @@ void bind_probe(nb::module_& m) {
   m.def("probe_bandwidth", &probe_bandwidth, nb::arg("kind"), nb::arg("mib"), nb::arg("threads"), nb::arg("repeats"),
         "GB/s of each repeat of a 'read', 'copy' or 'copy_stream' pass over `mib` MiB on `threads` threads");
   m.def("probe_bf16_peak", &probe_bf16_peak, nb::arg("threads"), nb::arg("repeats"), nb::arg("ms") = 50.0,
-        "GFLOP/s of each repeat of vdpbf16ps throughput on `threads` threads (AVX-512 BF16 builds only)");
+        "GFLOP/s of each repeat of the bfloat16 GEMM's product throughput on `threads` threads (vdpbf16ps on "
+        "AVX-512 BF16, float FMAs on other builds)");
 }
 
 }  // namespace tnc

@@ -15,8 +15,10 @@ struct ProbeArgs {
   float* sink;         // one float per thread that keeps the loads and products live
 };
 
-// probe_bf16_dot: 24 independent accumulators (enough to hide vdpbf16ps's latency, so issue
-// rate alone bounds the loop); one vdpbf16ps on 16 lanes is 32 products and 32 sums.
+// probe_bf16_dot: every build's loop trip is kProbeBf16DotFlopPerTrip flops. AVX-512 BF16:
+// 24 independent accumulators (enough to hide vdpbf16ps's latency, so issue rate alone
+// bounds the loop); one vdpbf16ps on 16 lanes is 32 products and 32 sums. Elsewhere the
+// float FMAs the bfloat16 GEMM widens its operands into (kernels/probe.h).
 inline constexpr int kProbeBf16DotChains = 24;
 inline constexpr int64_t kProbeBf16DotFlopPerTrip = kProbeBf16DotChains * 64;
 

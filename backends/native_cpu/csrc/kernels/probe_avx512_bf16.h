@@ -31,5 +31,5 @@ inline void probe_bf16_dot(const tnc::ProbeArgs& a, int) {
 }
 
 inline void register_probe_avx512_bf16(tnc::KernelTable& t) {
-  t.add<tnc::ProbeArgs>("probe_bf16_dot", tnc::DType::bf16, probe_bf16_dot);
+  t.replace<tnc::ProbeArgs>("probe_bf16_dot", tnc::DType::bf16, probe_bf16_dot);
 }
