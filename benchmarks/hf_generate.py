@@ -24,7 +24,8 @@ Per workload (prompt length P, batch B), with greedy decoding:
 - tileops' speed-ups over HF eager, prefill and decode;
 - prefill's share of the machine's bfloat16 peak: the prompt's FLOPs (every layer's
   projections and causal attention, the head for the last token: ``prefill_flops``) per
-  second, over native_cpu's vdpbf16ps throughput probe (the best of 9 at the start).
+  second, over native_cpu's bfloat16 peak probe (vdpbf16ps throughput on AVX-512 BF16,
+  float FMAs elsewhere; the best of 9 at the start).
 HF + tileops is the enabled model's own ``generate``: for these greedy searches, the
 prefill and the first decode step run the model and every later step replays from C++
 (docs/transformers.md, "Greedy search with its decode steps in C++"); hf_profile.py
@@ -56,6 +57,14 @@ def read_bandwidth_gbs(repeats: int = 5) -> float:
     from tileops_native_cpu import builders  # noqa: PLC0415
 
     return statistics.median(builders.native().probe_bandwidth("read", 256, torch.get_num_threads(), repeats))
+
+
+def peak_probe() -> str:
+    """What native_cpu's bfloat16 peak probe times in the build this CPU runs
+    (kernels/probe.h)."""
+    from tileops_native_cpu import builders  # noqa: PLC0415
+
+    return "vdpbf16ps" if builders.native().isa() == "avx512" else "float FMA"
 
 
 def bf16_peak_gflops(repeats: int = 9) -> float:
@@ -141,7 +150,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
           f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
           f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds); "
-          f"bf16 peak {peak:.0f} GFLOP/s (vdpbf16ps probe)")
+          f"bf16 peak {peak:.0f} GFLOP/s ({peak_probe()} probe)")
 
     on_tileops = copy.deepcopy(model)
     enable(on_tileops, target=TARGET)
