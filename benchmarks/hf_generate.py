@@ -101,16 +101,18 @@ def never_stop(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def measure(model, ids, mask, new: int) -> tuple[float, float]:
+def measure(model, ids, mask, new: int, generate=None) -> tuple[float, float]:
     """(prefill seconds, seconds per decode step): generate of 1 token (the prefill and
     its sampling) and of `new` tokens; the decode steps are the difference. The model
-    must not stop early (``never_stop``)."""
+    must not stop early (``never_stop``). ``generate``: another way to call the model's
+    generate (default ``model.generate``)."""
+    generate = model.generate if generate is None else generate
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0)
     t0 = time.perf_counter()
-    model.generate(ids, max_new_tokens=1, **kw)
+    generate(ids, max_new_tokens=1, **kw)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = model.generate(ids, max_new_tokens=new, **kw)
+    out = generate(ids, max_new_tokens=new, **kw)
     total = time.perf_counter() - t0
     if out.shape[1] != ids.shape[1] + new:
         raise RuntimeError(f"generate stopped after {out.shape[1] - ids.shape[1]} of {new} tokens (call never_stop)")

@@ -37,7 +37,7 @@ import warnings
 import torch
 import transformers
 
-from hf_generate import CONFIG, TARGET, never_stop, read_bandwidth_gbs, weight_bytes_per_step
+from hf_generate import CONFIG, TARGET, measure, never_stop, read_bandwidth_gbs, weight_bytes_per_step
 from tileops import ops
 from tileops.integrations.transformers import enable
 
@@ -233,21 +233,14 @@ def search_side_by_side(model: torch.nn.Module, ids: torch.Tensor, new: int, rou
     (the enabled model's own generate: _generate.py) and of transformers' loop over the
     same replayed steps (``type(model).generate``), alternated over ``rounds``: each is
     generate of ``new`` tokens minus generate of 1, over new - 1 steps."""
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
     loops = {"the search in C++": model.generate,
              "transformers' loop": lambda *a, **k: type(model).generate(model, *a, **k)}
     times: dict[str, list[float]] = {name: [] for name in loops}
     for r in range(rounds + 1):  # round 0 warms up
         for name in list(loops) if r % 2 else list(loops)[::-1]:
-            t0 = time.perf_counter()
-            loops[name](ids, max_new_tokens=1, **kw)
-            t1 = time.perf_counter()
-            out = loops[name](ids, max_new_tokens=new, **kw)
-            t2 = time.perf_counter()
-            if out.shape[1] != ids.shape[1] + new:
-                raise RuntimeError("generate stopped early (never_stop)")
+            _, step = measure(model, ids, torch.ones_like(ids), new, loops[name])
             if r:
-                times[name].append((t2 - t1 - (t1 - t0)) / (new - 1))
+                times[name].append(step)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
