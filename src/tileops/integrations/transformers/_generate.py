@@ -176,11 +176,10 @@ def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Ten
     finished), replayed from C++ on the tape that the step just run recorded or replayed;
     None where that step did not run through such a tape, or the steps would pass the
     positions RoPE serves (the model's forward then runs them, and says so)."""
-    rec = st.fused.replay.recording
-    step = cache.step
-    if (rec is None or rec.key[-1] is not st.head or rec.cache() is not cache or step is None
-            or rec.key[3] is not step.cache_seqlens or steps < 1):
+    rec = st.fused.replay.recording_with(cache, st.head)
+    if rec is None or steps < 1:
         return None
+    step = cache.step
     rows, positions = rec.inputs
     max_position = st.fused.layers[0].self_attn._tileops.positions.max_position
     if int(positions.max()) + steps >= max_position:

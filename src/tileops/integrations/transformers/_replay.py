@@ -128,6 +128,15 @@ class DecodeReplay:
         (None where it ran the loop without a tape)."""
         return getattr(self._local, "last", None)
 
+    def recording_with(self, cache: Any, head: nn.Linear) -> Recording | None:
+        """``recording`` where this thread's last step ran through a tape ending with
+        ``head``'s GEMM on ``cache``, reading the cache's current step tensors (what a
+        tape's ``replay_greedy`` goes on from: ``_generate.py``); None otherwise."""
+        rec, step = self.recording, getattr(cache, "step", None)
+        if rec is None or rec.key[-1] is not head or rec.cache() is not cache or step is None:
+            return None
+        return rec if rec.key[2] is step.block_table and rec.key[3] is step.cache_seqlens else None
+
     def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
              head: nn.Linear | None = None) -> torch.Tensor:
         """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
