@@ -8,6 +8,7 @@ struct Simd {
   using F = __m256;
   static constexpr int W = 8;
   static constexpr int kGemmMR = 6;  // 6x16 micro-tile: 12 accumulators of 16 registers
+  static constexpr int kRegisters = 16;  // vector registers: what register blocks are sized by
   static constexpr const char* kName = "avx2";
 
   static F zero() { return _mm256_setzero_ps(); }

@@ -7,6 +7,7 @@ struct Simd {
   using F = __m512;
   static constexpr int W = 16;
   static constexpr int kGemmMR = 12;  // 12x32 micro-tile: 24 accumulators of 32 registers
+  static constexpr int kRegisters = 32;
   static constexpr const char* kName = "avx512";
 
   static F zero() { return _mm512_setzero_ps(); }

@@ -7,6 +7,7 @@ struct Simd {
   using F = float;
   static constexpr int W = 1;
   static constexpr int kGemmMR = 4;
+  static constexpr int kRegisters = 16;  // x86-64's xmm registers
   static constexpr const char* kName = "baseline";
 
   static F zero() { return 0.f; }

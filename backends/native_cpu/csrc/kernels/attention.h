@@ -257,105 +257,159 @@ void attention(const tnc::AttentionArgs& a, int threads) {
 // decode
 
 // How decode computes its dot products, here in float: the query rows are scaled floats
-// [H][Dp]; a register block of partial dot products (4 keys x 4 query heads, 16 FMA chains,
-// one K row load serving four heads) is a run of broadcast-free FMAs; P V accumulates the
-// float probabilities [H][W] into float rows of O in channel order. An ISA extension
+// [H][Dp]; a register block of partial dot products (kKeys keys x 4 query heads, one K row
+// load serving four heads) is a run of broadcast-free FMAs; P V accumulates the float
+// probabilities [H][W] into float rows of O. Channels are read as load_pair reads them
+// (2W at a time; for bfloat16 on AVX2, even channels in one vector and odd ones in the
+// other, widened by a shift and a mask instead of a cross-lane widening), so the query and
+// O rows keep that order (o_index) and only the final write puts channels back in order.
+// The register blocks are sized by the ISA's registers: with 16 (AVX2), blocks of 4 keys x
+// 4 heads of scores and 4 heads x 4 vectors of P V kept some accumulators on the stack
+// inside their loops, so there the blocks are 2 keys and one pair of vectors (one thread,
+// 512 cached positions, 16 heads over 4: 179 -> 145 us a call, with the pair loads). An
+// ISA extension
 // (kernels/attention_avx512_bf16.h) keeps bfloat16 operands instead, with its own query,
 // probability and O layouts; attention_decode sees them only through these members.
+template <class T>
 struct FloatDecode {
   static constexpr bool kScaled = true;  // scores() returns scaled dot products
-  static int64_t query_floats(int64_t H, int64_t D) { return H * ((D + W - 1) / W * W); }
-  template <class T>
-  static void load_query(float* q, int64_t h, const T* src, int64_t D, float scale) {
-    const int64_t Dp = (D + W - 1) / W * W;
-    for (int64_t d = 0; d < Dp; ++d) q[h * Dp + d] = d < D ? tnc::to_float(src[d]) * scale : 0.f;
+  static constexpr int kKeys = S::kRegisters >= 32 ? 4 : 2;            // keys of a block of scores
+  static constexpr int kValuePairs = S::kRegisters >= 32 ? 2 : 1;      // pairs of vectors of a P V block
+  static constexpr int64_t kPair = 2 * W;                               // channels load_pair reads
+  static int64_t o_stride(int64_t D) { return (D + kPair - 1) / kPair * kPair; }
+  // where channel d sits in a row of Q or O: load_pair's lane order
+  static int64_t o_index(int64_t d) {
+    if constexpr (kPairsPermute<T>) {
+      const int64_t r = d % kPair;
+      return d - r + (r % 2) * W + r / 2;
+    } else {
+      return d;
+    }
   }
-  // acc[jj][i]: 16 lanes of partial dot products of key kr[jj] with query head h0 + i
+  static int64_t query_floats(int64_t H, int64_t D) { return H * o_stride(D); }
+  static void load_query(float* q, int64_t h, const T* src, int64_t D, float scale) {
+    float* row = q + h * o_stride(D);
+    const F s = S::set1(scale);
+    for (int64_t d = 0; d < D; d += kPair) {
+      F lo, hi;
+      load_channels(src, d, D, lo, hi);
+      S::store(row + d, S::mul(lo, s));
+      S::store(row + d + W, S::mul(hi, s));
+    }
+  }
+  // channels [d, d + 2W) of row p as load_pair gives them; zeros past D (a row's last
+  // channels: the memory after them may be another head's, or the end of the cache)
+  static void load_channels(const T* p, int64_t d, int64_t D, F& a, F& b) {
+    if (D - d >= kPair) {
+      load_pair(p + d, a, b);
+      return;
+    }
+    alignas(64) T part[kPair] = {};
+    std::copy_n(p + d, D - d, part);
+    load_pair(static_cast<const T*>(part), a, b);
+  }
+  // acc[jj][i]: W lanes of partial dot products of key kr[jj] with query head h0 + i
   // (heads past gn repeat the last live one)
-  template <class T>
-  static void scores(const float* q, int64_t h0, int gn, const T* const kr[4], int64_t D, F acc[4][4]) {
-    const int64_t Dp = (D + W - 1) / W * W, dfull = D / W * W;
+  static void scores(const float* q, int64_t h0, int gn, const T* const kr[kKeys], int64_t D, F acc[kKeys][4]) {
+    const int64_t Dp = o_stride(D), whole = D / kPair * kPair;
     const float* qr[4];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) qr[i] = q + (h0 + std::min(i, gn - 1)) * Dp;
 #pragma GCC unroll 4
-    for (int jj = 0; jj < 4; ++jj)
+    for (int jj = 0; jj < kKeys; ++jj)
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) acc[jj][i] = S::zero();
-    for (int64_t d = 0; d < Dp; d += W) {
-      F qv[4];
+    // each half of the pair: the 4 heads' query vectors loaded once for every key
+    auto step = [&](int64_t d, auto load) {
+      F k[kKeys][2];
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d);  // zero-padded past D
+      for (int jj = 0; jj < kKeys; ++jj) load(kr[jj], d, k[jj][0], k[jj][1]);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        F qv[4];
 #pragma GCC unroll 4
-      for (int jj = 0; jj < 4; ++jj) {
-        const F kv = d < dfull ? S::load(kr[jj] + d) : S::load_n(kr[jj] + d, static_cast<int>(D - d));
+        for (int i = 0; i < 4; ++i) qv[i] = S::load(qr[i] + d + half * W);
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], kv, acc[jj][i]);
+        for (int jj = 0; jj < kKeys; ++jj)
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) acc[jj][i] = S::fma(qv[i], k[jj][half], acc[jj][i]);
       }
-    }
+    };
+    int64_t d = 0;
+    for (; d < whole; d += kPair) step(d, [](const T* p, int64_t at, F& lo, F& hi) { load_pair(p + at, lo, hi); });
+    if (d < Dp) step(d, [D](const T* p, int64_t at, F& lo, F& hi) { load_channels(p, at, D, lo, hi); });
   }
-  static int64_t o_stride(int64_t D) { return (D + W - 1) / W * W; }
-  static int64_t o_index(int64_t d) { return d; }  // where channel d sits in a row of O
   static int64_t prob_floats(int64_t H) { return H * W; }
   static void store_probs(float* P, int64_t h, F p) { S::store(P + h * W, p); }
   // O rows h0 .. h0 + gn - 1 += P[h][j] V[row[j]] over keys j0 <= j < j1, in register
-  // blocks of (4 heads x 4 vectors of D); a dead head repeats the last live one (same row,
-  // same sums, so its store is harmless: a conditional one made GCC keep acc in memory)
-  template <class T>
+  // blocks of (4 heads x kValuePairs pairs of vectors); a dead head repeats the last live
+  // one (same row, same sums, so its store is harmless: a conditional one made GCC keep acc
+  // in memory)
   static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
                          int64_t kv_tok, int64_t D) {
     const int64_t Dp = o_stride(D);
-    for (int64_t d0 = 0; d0 < Dp; d0 += 4 * W) {
-      const int dv = static_cast<int>(std::min<int64_t>(4, (Dp - d0) / W));
-      const float* prow[4];
-      float* orow[4];
-      F acc[4][4];
+    constexpr int64_t kBlock = kValuePairs * kPair;
+    int64_t d0 = 0;
+    for (; d0 + kBlock <= D; d0 += kBlock)
+      accumulate_block<kValuePairs>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp,
+                                    [](const T* p, int64_t at, F& lo, F& hi) { load_pair(p + at, lo, hi); });
+    for (; d0 < Dp; d0 += kPair)  // the last channels, a pair at a time
+      accumulate_block<1>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp,
+                          [D](const T* p, int64_t at, F& lo, F& hi) { load_channels(p, at, D, lo, hi); });
+  }
+  template <int Pairs, class Load>
+  static void accumulate_block(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
+                               int64_t kv_tok, int64_t d0, int64_t Dp, Load load) {
+    const float* prow[4];
+    float* orow[4];
+    F acc[4][2 * Pairs];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const int64_t h = h0 + std::min(i, gn - 1);
+      prow[i] = P + h * W;
+      orow[i] = O + h * Dp + d0;
+#pragma GCC unroll 4
+      for (int v = 0; v < 2 * Pairs; ++v) acc[i][v] = S::load(orow[i] + v * W);
+    }
+    for (int j = j0; j < j1; ++j) {
+      const T* vr = vbase + row[j] * kv_tok;
+      F vv[2 * Pairs];
+#pragma GCC unroll 2
+      for (int c = 0; c < Pairs; ++c) load(vr, d0 + c * kPair, vv[2 * c], vv[2 * c + 1]);
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const int64_t h = h0 + std::min(i, gn - 1);
-        prow[i] = P + h * W;
-        orow[i] = O + h * Dp + d0;
+        const F pj = S::set1(prow[i][j]);
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) acc[i][v] = v < dv ? S::load(orow[i] + v * W) : S::zero();
+        for (int v = 0; v < 2 * Pairs; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
       }
-      for (int j = j0; j < j1; ++j) {
-        const T* vr = vbase + row[j] * kv_tok + d0;
-        F vv[4];
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v) vv[v] = v < dv ? loadc(vr + v * W, D - d0 - v * W) : S::zero();
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const F pj = S::set1(prow[i][j]);
-#pragma GCC unroll 4
-          for (int v = 0; v < 4; ++v) acc[i][v] = S::fma(pj, vv[v], acc[i][v]);
-        }
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i)
-#pragma GCC unroll 4
-        for (int v = 0; v < 4; ++v)
-          if (v < dv) S::store(orow[i] + v * W, acc[i][v]);
     }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+      for (int v = 0; v < 2 * Pairs; ++v) S::store(orow[i] + v * W, acc[i][v]);
   }
 };
 
-// Finishes a register block of decode scores: the 16 vectors of partial dot products
+// Finishes a register block of decode scores: the 4 x Keys vectors of partial dot products
 // (acc[jj][i]: key j0 + jj, head h0 + i) are summed by transpose-adds of W rows taken head
-// by head, and head i's jn dot products go to Sc[h0 + i][j0, j0 + jn). (Keeping the 16
+// by head, and head i's jn dot products go to Sc[h0 + i][j0, j0 + jn). (Keeping the
 // vectors for one transpose-add per head later took a buffer of H x W x W floats, the
 // whole L1 at 32 heads, written and read back once per block.)
-inline void finish_scores(const F (&acc)[4][4], float* Sc, int64_t h0, int gn, int j0, int jn) {
-  F rows[16];
+template <int Keys>
+inline void finish_scores(const F (&acc)[Keys][4], float* Sc, int64_t h0, int gn, int j0, int jn) {
+  constexpr int kRows = 4 * Keys;
+  static_assert(kRows % W == 0, "a block of scores is whole transpose-adds");
+  F rows[kRows];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 4
-    for (int jj = 0; jj < 4; ++jj) rows[i * 4 + jj] = acc[jj][i];
-  alignas(64) float sums[16];
-  for (int t = 0; t < 16; t += W) S::store(sums + t, S::transpose_add(rows + t));
-  // all 4 lanes where a row of Sc has them (one 16-byte move, not a loop of jn): the lanes
+    for (int jj = 0; jj < Keys; ++jj) rows[i * Keys + jj] = acc[jj][i];
+  alignas(64) float sums[kRows];
+  for (int t = 0; t < kRows; t += W) S::store(sums + t, S::transpose_add(rows + t));
+  // all Keys lanes where a row of Sc has them (one short move, not a loop of jn): the lanes
   // of dead keys (j0 + jn and on) hold a live key's repeat and are masked by the softmax
-  const int n = W >= 4 ? 4 : jn;
-  for (int i = 0; i < gn; ++i) std::copy_n(sums + 4 * i, n, Sc + (h0 + i) * W + j0);
+  const int n = W >= Keys ? Keys : jn;
+  for (int i = 0; i < gn; ++i) std::copy_n(sums + Keys * i, n, Sc + (h0 + i) * W + j0);
 }
 
 // Asks for the bytes [p, p + bytes) to be brought into the L2 (a software prefetch per
@@ -366,7 +420,7 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 
 // Decode: one query per request (every q_len is 1). Memory-bound on K and V, which are
 // streamed once: a task owns a range of the positions one request sees and walks it in
-// blocks of W positions. Within a block, work follows the addresses: scores for 4 keys at a
+// blocks of W positions. Within a block, work follows the addresses: scores for a few keys at a
 // time over every KV head (a token's row holds every KV head: 4 rows are read front to
 // back), then the online softmax of every head, then P V over the block's keys (up to 16)
 // for every KV head, so that K and V are each read as a few forward streams. Every query
@@ -381,18 +435,27 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 // 48-57% of the read bandwidth; head-major order kept the stream prefetchers idle.)
 // Positions are split when the batch alone cannot keep every thread busy; the splits are
 // merged at the end.
-template <class T, class Policy = FloatDecode>
+template <class T, class Policy = FloatDecode<T>>
 void attention_decode(const tnc::AttentionArgs& a, int threads) {
+  constexpr int kKeys = Policy::kKeys;
   const int64_t D = a.head_dim, G = a.heads / a.heads_kv, H = a.heads, Hkv = a.heads_kv;
   const int64_t groups = a.batch * Hkv, ostride = Policy::o_stride(D);
-  int64_t N = 0;  // the most positions a request sees
+  int64_t N = 0, fewest = std::numeric_limits<int64_t>::max();  // the most and fewest positions a request sees
   for (int64_t b = 0; b < a.batch; ++b) {
     const KeySpan seen = visible_keys(a, b, 0);
     N = std::max(N, seen.hi - seen.lo);
+    fewest = std::min(fewest, seen.hi - seen.lo);
   }
   int64_t splits = 1;
-  if (a.batch < 4 * threads)
-    splits = std::max<int64_t>(1, std::min<int64_t>((4 * threads + a.batch - 1) / a.batch, N * groups / (256 * a.batch)));
+  if (a.batch < 4 * threads) {
+    // requests of one length: the fewest splits that give every thread the same work (each
+    // split loads every query row and is merged: 2 splits ran in 67 us where 8 took 76, at
+    // 512 positions on 2 threads); uneven lengths: 4 items a thread, so that a thread done
+    // with a short request takes another
+    const int64_t even = threads / std::gcd<int64_t>(a.batch, threads);
+    const int64_t want = fewest == N ? even : (4 * threads + a.batch - 1) / a.batch;
+    splits = std::max<int64_t>(1, std::min<int64_t>(want, N * groups / (256 * a.batch)));
+  }
   // each split's (max, denominator, O) per head, merged below; one split per request writes
   // its result directly (no buffer, no second parallel region)
   const int64_t part_stride = ostride + 2;
@@ -450,20 +513,21 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
         key_rows(a, b, k0 + kPrefetchBlocks * W, na, ahead);
         if (bk < W)  // lanes of dead keys are masked below; keep them finite
           std::fill(Sc, Sc + H * W, 0.f);
-        // scores: 4 keys at a time, every KV head (each of the 4 rows read front to back)
-        for (int j0 = 0; j0 < bk; j0 += 4) {
-          const int jn = std::min(4, bk - j0);
+        // scores: kKeys keys at a time, every KV head (each of their rows read front to back)
+        for (int j0 = 0; j0 < bk; j0 += kKeys) {
+          const int jn = std::min(kKeys, bk - j0);
           for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
-            for (int jj = j0; jj < std::min(j0 + 4, na); ++jj)
+            for (int jj = j0; jj < std::min(j0 + kKeys, na); ++jj)
               prefetch_l2(static_cast<const T*>(a.k) + ahead[jj] * kv_tok + hkv * D, slice_bytes);
-            const T* kr[4];
-            for (int jj = 0; jj < 4; ++jj) kr[jj] = static_cast<const T*>(a.k) + row[j0 + std::min(jj, jn - 1)] * kv_tok + hkv * D;
+            const T* kr[kKeys];
+            for (int jj = 0; jj < kKeys; ++jj)
+              kr[jj] = static_cast<const T*>(a.k) + row[j0 + std::min(jj, jn - 1)] * kv_tok + hkv * D;
             for (int64_t g0 = 0; g0 < G; g0 += 4) {
               const int gn = static_cast<int>(std::min<int64_t>(4, G - g0));
               const int64_t h0 = hkv * G + g0;
-              F acc[4][4];
+              F acc[kKeys][4];
               Policy::scores(Q, h0, gn, kr, D, acc);
-              finish_scores(acc, Sc, h0, gn, j0, jn);
+              finish_scores<kKeys>(acc, Sc, h0, gn, j0, jn);
             }
           }
         }

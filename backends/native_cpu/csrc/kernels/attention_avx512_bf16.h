@@ -42,6 +42,7 @@ inline void decode_scores_bf16(const uint16_t* const qr[4], const uint16_t* cons
 // each value needed widening and a float FMA per head.)
 struct Avx512Bf16Decode {
   static constexpr bool kScaled = false;
+  static constexpr int kKeys = 4;  // keys of a block of scores
   static int64_t padded(int64_t D) { return (D + 31) / 32 * 32; }
   static int64_t query_floats(int64_t H, int64_t D) { return H * padded(D) / 2; }
   template <class T>
