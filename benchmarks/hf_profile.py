@@ -232,7 +232,8 @@ def search_side_by_side(model: torch.nn.Module, ids: torch.Tensor, new: int, rou
     """Median seconds per decode step of greedy ``generate`` with its steps replayed from C++
     (the enabled model's own generate: _generate.py) and of transformers' loop over the
     same replayed steps (``type(model).generate``), alternated over ``rounds``: each is
-    generate of ``new`` tokens minus generate of 1, over new - 1 steps."""
+    hf_generate.measure's decode step (generate resumed from the prompt's cache for ``new``
+    tokens minus for 1, over new - 1 steps)."""
     loops = {"the search in C++": model.generate,
              "transformers' loop": lambda *a, **k: type(model).generate(model, *a, **k)}
     times: dict[str, list[float]] = {name: [] for name in loops}
