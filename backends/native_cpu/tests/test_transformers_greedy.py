@@ -2,8 +2,10 @@
 (tileops.integrations.transformers._generate): an enabled plain causal LM's ``generate``
 gives the tokens of transformers' own loop over the same replayed steps
 (``type(model).generate``), left padding and end-of-sequence ids included; it leaves its
-cache as that loop does; and what it does not serve (sampling, logits processors,
-streamers, per-step outputs, positions past the RoPE tables) runs transformers' loop.
+cache as that loop does; with ``return_dict_in_generate`` it returns that loop's output
+object (each step's logits and scores, the cache); and what it does not serve (sampling,
+logits processors, streamers, attentions or hidden states per step, positions past the
+RoPE tables) runs transformers' loop.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_
     kw = dict(attention_mask=mask, max_new_tokens=6, pad_token_id=0)
     with torch.no_grad():
         for extra in (dict(do_sample=True, top_k=20), dict(do_sample=False, repetition_penalty=1.3),
-                      dict(do_sample=False, return_dict_in_generate=True, output_logits=True)):
+                      dict(do_sample=False, return_dict_in_generate=True, output_hidden_states=True)):
             torch.manual_seed(3)
             fast = model.generate(ids, **kw, **extra)
             torch.manual_seed(3)
@@ -104,7 +106,7 @@ def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_
             if isinstance(fast, torch.Tensor):
                 assert torch.equal(fast, slow), extra
             else:
-                assert torch.equal(fast.sequences, slow.sequences) and len(fast.logits) == 6
+                assert torch.equal(fast.sequences, slow.sequences) and len(fast.hidden_states) == 6
         tokens = []
 
         class Collect(transformers.generation.streamers.BaseStreamer):
@@ -119,6 +121,48 @@ def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_
     assert in_cpp == []
     assert len(tokens) == 1 + 6 + 1 and tokens[-1] is None  # the prompt, each token, the end
     assert torch.equal(torch.cat([t.reshape(1, -1) for t in tokens[:-1]], dim=1), streamed)
+
+
+@pytest.mark.parametrize("asked", [dict(output_logits=True), dict(output_scores=True),
+                                   dict(output_logits=True, output_scores=True), {}],
+                         ids=["logits", "scores", "logits-and-scores", "cache-only"])
+def test_return_dict_in_generate_gives_transformers_loops_output_object_from_the_search_in_cpp(asked, in_cpp):
+    model = _model("llama")
+    hf.enable(model, target=TARGET)
+    ids, mask = _prompt(True)
+    eos = None
+    for attempt in range(2):  # then with an end id that one sequence meets in the C++ steps
+        fast, slow = _both(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                           eos_token_id=eos, return_dict_in_generate=True, **asked)
+        assert type(fast) is type(slow) and torch.equal(fast.sequences, slow.sequences)
+        for name in ("logits", "scores"):
+            got, want = getattr(fast, name), getattr(slow, name)
+            if not asked.get(f"output_{name}"):
+                assert got is None and want is None
+                continue
+            assert len(got) == len(want) == fast.sequences.shape[1] - ids.shape[1]
+            for step, (g, w) in enumerate(zip(got, want)):
+                assert g.dtype == torch.float32 and torch.equal(g, w), (name, step)
+        assert fast.attentions is None and fast.hidden_states is None
+        assert isinstance(fast.past_key_values, hf.TileopsCache) and fast.past_key_values is not slow.past_key_values
+        assert fast.past_key_values.get_seq_length() == slow.past_key_values.get_seq_length()
+        assert in_cpp == [NEW - 2] if attempt == 0 else in_cpp
+        eos = [int(fast.sequences[0, ids.shape[1] + 5])]
+        in_cpp.clear()
+
+
+def test_kept_logits_are_refused_unless_float32_steps_by_batch_by_vocab():
+    from tileops_native_cpu import builders
+
+    tape = builders.native().Tape()
+    b, v = 2, 5
+    args = dict(steps=1, logits=torch.zeros(b, v), table=torch.zeros(v, 3), rows=torch.zeros(b, 3),
+                positions=torch.zeros(b, dtype=torch.long), seqlens=torch.zeros(b, dtype=torch.int32),
+                last=torch.zeros(b, dtype=torch.long), tokens=torch.zeros(b, 1, dtype=torch.long),
+                unfinished=torch.ones(b, dtype=torch.long), eos=[], pad=0)
+    for bad in (torch.zeros(1, b, v, dtype=torch.bfloat16), torch.zeros(1, b + 1, v), torch.zeros(b, v)):
+        with pytest.raises(ValueError, match=r"replay_greedy: kept_logits must be float32 \[\*, 2, 5\]"):
+            tape.replay_greedy(**args, kept_logits=bad)
 
 
 def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and_generation_resumes_from_it(in_cpp):

@@ -187,6 +187,8 @@ struct GreedyArgs {
   TensorView logits, table, rows, positions, seqlens, last, tokens, unfinished;
   std::vector<int64_t> eos;
   int64_t pad;
+  bool keep = false;
+  TensorView kept;  // with keep: each step's logits as float32 [>= steps, B, V]
 };
 
 float logit_at(const TensorView& v, int64_t i) {
@@ -194,6 +196,16 @@ float logit_at(const TensorView& v, int64_t i) {
     case DType::f32: return static_cast<const float*>(v.data)[i];
     case DType::bf16: return to_float(static_cast<const bf16_t*>(v.data)[i]);
     default: return to_float(static_cast<const half_t*>(v.data)[i]);
+  }
+}
+
+// Row `row` of the logits as float32 into `out` (as transformers keeps each step's logits)
+void copy_logits_row(const TensorView& v, int64_t row, float* out) {
+  const int64_t n = v.shape[1];
+  switch (v.dtype) {
+    case DType::f32: std::memcpy(out, static_cast<const float*>(v.data) + row * n, static_cast<size_t>(n) * 4); break;
+    case DType::bf16: for (int64_t i = 0; i < n; ++i) out[i] = to_float(static_cast<const bf16_t*>(v.data)[row * n + i]); break;
+    default: for (int64_t i = 0; i < n; ++i) out[i] = to_float(static_cast<const half_t*>(v.data)[row * n + i]); break;
   }
 }
 
@@ -211,7 +223,10 @@ int64_t first_largest(const TensorView& logits, int64_t row) {
 void expect_shape(const TensorView& v, const char* what, DType dtype, std::initializer_list<int64_t> shape) {
   bool ok = v.dtype == dtype && v.ndim == static_cast<int>(shape.size());
   int i = 0;
-  for (int64_t d : shape) ok = ok && (d < 0 || v.shape[i++] == d);
+  for (int64_t d : shape) {  // d < 0: any length
+    ok = ok && (d < 0 || v.shape[i] == d);
+    ++i;
+  }
   if (ok) return;
   std::string want = std::string(dtype_name(dtype)) + " [";
   i = 0;
@@ -221,8 +236,9 @@ void expect_shape(const TensorView& v, const char* what, DType dtype, std::initi
 }
 
 GreedyArgs greedy_args(nb::handle logits, nb::handle table, nb::handle rows, nb::handle positions, nb::handle seqlens,
-                       nb::handle last, nb::handle tokens, nb::handle unfinished, std::vector<int64_t> eos, int64_t pad) {
-  GreedyArgs a{{}, {}, {}, {}, {}, {}, {}, {}, std::move(eos), pad};
+                       nb::handle last, nb::handle tokens, nb::handle unfinished, std::vector<int64_t> eos, int64_t pad,
+                       nb::handle kept) {
+  GreedyArgs a{{}, {}, {}, {}, {}, {}, {}, {}, std::move(eos), pad, !kept.is_none(), {}};
   const std::pair<nb::handle, TensorView*> all[] = {{logits, &a.logits}, {table, &a.table}, {rows, &a.rows},
       {positions, &a.positions}, {seqlens, &a.seqlens}, {last, &a.last}, {tokens, &a.tokens}, {unfinished, &a.unfinished}};
   const char* names[] = {"logits", "table", "rows", "positions", "seqlens", "last", "tokens", "unfinished"};
@@ -243,6 +259,10 @@ GreedyArgs greedy_args(nb::handle logits, nb::handle table, nb::handle rows, nb:
   if (vocab > a.table.shape[0])
     throw nb::value_error(("replay_greedy: " + std::to_string(vocab) + " logits per row but the embedding table has " +
                            std::to_string(a.table.shape[0]) + " rows").c_str());
+  if (a.keep) {
+    if (!read_tensor(kept.ptr(), a.kept, "kept_logits")) throw nb::python_error();
+    expect_shape(a.kept, "kept_logits", DType::f32, {-1, b, vocab});
+  }
   if (!a.eos.empty() && (pad < 0 || pad >= a.table.shape[0]))
     throw nb::value_error(("replay_greedy: pad id " + std::to_string(pad) + " is not a row of the embedding table (" +
                            std::to_string(a.table.shape[0]) + " rows)").c_str());
@@ -253,6 +273,8 @@ GreedyArgs greedy_args(nb::handle logits, nb::handle table, nb::handle rows, nb:
 int64_t replay_greedy(Tape& tape, int64_t steps, const GreedyArgs& a) {
   const int64_t batch = a.logits.shape[0], width = a.table.shape[1], row_bytes = width * dtype_size(a.table.dtype);
   steps = std::min(steps, a.tokens.shape[1]);
+  if (a.keep) steps = std::min(steps, a.kept.shape[0]);
+  auto* kept = a.keep ? static_cast<float*>(a.kept.data) : nullptr;
   auto* pos = static_cast<int64_t*>(a.positions.data);
   auto* lens = static_cast<int32_t*>(a.seqlens.data);
   auto* last = static_cast<int64_t*>(a.last.data);
@@ -270,6 +292,8 @@ int64_t replay_greedy(Tape& tape, int64_t steps, const GreedyArgs& a) {
       lens[b] += 1;
     }
     tape.replay();
+    if (a.keep)
+      for (int64_t b = 0; b < batch; ++b) copy_logits_row(a.logits, b, kept + (s * batch + b) * a.logits.shape[1]);
     bool any = a.eos.empty();
     for (int64_t b = 0; b < batch; ++b) {
       int64_t t = first_largest(a.logits, b);
@@ -312,19 +336,21 @@ void bind_tape(nb::module_& m) {
           "replay_greedy",
           [](Tape& t, int64_t steps, nb::handle logits, nb::handle table, nb::handle rows, nb::handle positions,
              nb::handle seqlens, nb::handle last, nb::handle tokens, nb::handle unfinished, std::vector<int64_t> eos,
-             int64_t pad) {
+             int64_t pad, nb::handle kept_logits) {
             if (steps < 0) throw nb::value_error("replay_greedy: steps must be >= 0");
             return replay_greedy(t, steps, greedy_args(logits, table, rows, positions, seqlens, last, tokens, unfinished,
-                                                       std::move(eos), pad));
+                                                       std::move(eos), pad, kept_logits));
           },
           nb::arg("steps"), nb::arg("logits"), nb::arg("table"), nb::arg("rows"), nb::arg("positions"), nb::arg("seqlens"),
-          nb::arg("last"), nb::arg("tokens"), nb::arg("unfinished"), nb::arg("eos"), nb::arg("pad"),
+          nb::arg("last"), nb::arg("tokens"), nb::arg("unfinished"), nb::arg("eos"), nb::arg("pad"), nb::kw_only(),
+          nb::arg("kept_logits").none() = nb::none(),
           "Greedy decoding on a tape recorded with its LM head (`logits`, its last output [B, V]): up to `steps` "
           "times, each sequence's token in `last` [B] has its row of the embedding `table` copied into `rows` [B, H] "
           "(the step's input), `positions` [B] (int64) and `seqlens` [B] (int32, the cache's lengths) move on by one, "
           "the tape replays, and the first largest logit of each row becomes its next token (into `last` and column "
           "s of `tokens` [B, >= steps]). With `eos` ids, a finished sequence (`unfinished` [B], int64 0/1) gets `pad` "
-          "and a token in `eos` finishes its sequence; the loop ends once none is unfinished. Returns the steps run.")
+          "and a token in `eos` finishes its sequence; the loop ends once none is unfinished. With `kept_logits` (float32 "
+          "[>= steps, B, V]), step s's logits are copied into kept_logits[s] as float32. Returns the steps run.")
       .def("__len__", &Tape::size)
       .def("descriptions", &Tape::descriptions, "the recorded calls, in order: each kernel, its arguments' shapes and its outputs' shapes");
 }

@@ -15,8 +15,10 @@ it makes, the inputs, masks and cache. ``greedy_search`` serves the greedy searc
 every step it does exactly as transformers would:
 
 - greedy decoding (``do_sample`` off, one beam), no logits processor, stopping by
-  ``max_length`` and end-of-sequence ids only, no per-step outputs asked for
-  (``return_dict_in_generate``), no streamer;
+  ``max_length`` and end-of-sequence ids only, no streamer; with
+  ``return_dict_in_generate``, each step's logits and scores (``output_logits``,
+  ``output_scores``: with no processor they are the same float32 tensors, as in
+  transformers' loop) and the cache, but no attentions or hidden states;
 - it prefills and runs the first decode step through the model as transformers does
   (``_prefill``, ``prepare_inputs_for_generation``), which records the step's tape with
   the LM head, then hands the remaining steps to the tape's ``replay_greedy``: each
@@ -32,6 +34,7 @@ hook. ``type(model).generate(model, ...)`` is transformers' loop over replayed s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -39,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerationMode
+from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerateDecoderOnlyOutput, GenerationMode
 
 from ._cache import TileopsCache
 
@@ -100,9 +103,11 @@ def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any
         return "stopping criteria other than max_length and end-of-sequence ids"
     if not any(type(c) is MaxLengthCriteria for c in stopping_criteria):
         return "no max_length"
-    if (generation_config.return_dict_in_generate or getattr(generation_config, "is_assistant", False)
-            or getattr(generation_config, "prefill_chunk_size", None) is not None):
-        return "per-step outputs, an assistant's search or chunked prefill"
+    if getattr(generation_config, "is_assistant", False) or getattr(generation_config, "prefill_chunk_size", None) is not None:
+        return "an assistant's search or chunked prefill"
+    if generation_config.return_dict_in_generate and (generation_config.output_attentions
+                                                      or generation_config.output_hidden_states):
+        return "attentions or hidden states per step"
     if any(k not in _KNOWN_KWARGS for k in model_kwargs) or model_kwargs.get("use_cache") is False:
         return "model inputs other than a text prompt's, or no cache"
     if input_ids.device.type != "cpu" or input_ids.ndim != 2:
@@ -136,32 +141,37 @@ def _loop_helpers_known(cls: type) -> bool:
 
 
 def _greedy(model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, generation_config: Any,
-            model_kwargs: dict) -> torch.Tensor:
+            model_kwargs: dict) -> Any:
     """transformers' greedy search (``_sample`` with do_sample off), its decode steps after
     the first replayed from C++."""
     max_length = next(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria)
     eos = sorted({int(i) for c in stopping_criteria if type(c) is EosTokenCriteria for i in c.eos_token_id.flatten()})
     pad = int(generation_config._pad_token_tensor) if eos else -1
+    keep = generation_config.return_dict_in_generate and (generation_config.output_logits or generation_config.output_scores)
+    kept: list[torch.Tensor] = []  # each step's float32 logits [B, V], where they are asked for
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long)
     st = model._tileops
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     reserved = False
     while True:
         model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
-        last = outputs.logits[:, -1].to(dtype=torch.float32).argmax(dim=-1)
+        logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32)
         del outputs
+        if keep:
+            kept.append(logits)
+        last = logits.argmax(dim=-1)
         if eos:
             last = last * unfinished + pad * (1 - unfinished)
         input_ids = torch.cat([input_ids, last[:, None]], dim=-1)
         unfinished = unfinished & ~stopping_criteria(input_ids, None)
         if unfinished.max() == 0:
-            return input_ids
+            return _result(input_ids, kept, generation_config, model_kwargs)
         cache = next((v for v in model_kwargs.values() if isinstance(v, TileopsCache)), None)
         left = max_length - input_ids.shape[1]  # decode steps still to run
         if reserved and cache is not None:
-            ran = _replay_rest(model, st, cache, last, unfinished, left, eos, pad)
+            ran = _replay_rest(model, st, cache, last, unfinished, left, eos, pad, kept if keep else None)
             if ran is not None:
-                return torch.cat([input_ids, ran], dim=-1)
+                return _result(torch.cat([input_ids, ran], dim=-1), kept, generation_config, model_kwargs)
         if not reserved and cache is not None and cache.paged is not None:
             # the pages of every step to come, in the block table the next step's tape records
             cache.reserve_ahead(left)
@@ -170,12 +180,26 @@ def _greedy(model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, g
         outputs = model(**inputs, return_dict=True)
 
 
+def _result(input_ids: torch.Tensor, kept: list[torch.Tensor], generation_config: Any, model_kwargs: dict) -> Any:
+    """What transformers' greedy search returns: the sequences, or with
+    ``return_dict_in_generate`` its output object (per-step logits and scores, the cache)."""
+    if not generation_config.return_dict_in_generate:
+        return input_ids
+    steps = tuple(kept)
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    named = "cache" if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)} else "past_key_values"
+    return GenerateDecoderOnlyOutput(sequences=input_ids, scores=steps if generation_config.output_scores else None,
+                                     logits=steps if generation_config.output_logits else None, attentions=None,
+                                     hidden_states=None, **{named: cache})
+
+
 def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Tensor, unfinished: torch.Tensor,
-                 steps: int, eos: list[int], pad: int) -> torch.Tensor | None:
+                 steps: int, eos: list[int], pad: int, kept: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """The tokens of the remaining ``steps`` decode steps (fewer where every sequence
     finished), replayed from C++ on the tape that the step just run recorded or replayed;
     None where that step did not run through such a tape, or the steps would pass the
-    positions RoPE serves (the model's forward then runs them, and says so)."""
+    positions RoPE serves (the model's forward then runs them, and says so). ``kept``:
+    each step's logits as float32 [B, V] are appended to it."""
     rec = st.fused.replay.recording_with(cache, st.head)
     if rec is None or steps < 1:
         return None
@@ -185,8 +209,11 @@ def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Ten
     if int(positions.max()) + steps >= max_position:
         return None
     tokens = torch.empty(last.shape[0], steps, dtype=torch.long)
+    logits = None if kept is None else torch.empty(steps, *rec.output.shape, dtype=torch.float32)
     ran = rec.tape.replay_greedy(steps, rec.output, model.get_input_embeddings().weight, rows, positions,
-                                 step.cache_seqlens, last.contiguous(), tokens, unfinished, eos, pad)
+                                 step.cache_seqlens, last.contiguous(), tokens, unfinished, eos, pad, kept_logits=logits)
+    if kept is not None:
+        kept.extend(logits[:ran].unbind(0))
     cache.replayed(ran)
     st.fused.replay.replays += ran
     st.fused.replay.searched += ran
