@@ -42,7 +42,11 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-from transformers.generation.utils import GENERATION_MODES_MAPPING, GenerateDecoderOnlyOutput, GenerationMode
+from transformers.generation.utils import (
+    GENERATION_MODES_MAPPING,
+    GenerateDecoderOnlyOutput,
+    GenerationMode,
+)
 
 from ._cache import TileopsCache
 
