@@ -308,6 +308,15 @@ struct FloatDecode {
     std::copy_n(p + d, D - d, part);
     load_pair(static_cast<const T*>(part), a, b);
   }
+  // How scores() and accumulate() read the pair at channel `at` of a row: whole pairs
+  // straight from it, a row's last pair through load_channels.
+  struct WholePair {
+    void operator()(const T* p, int64_t at, F& lo, F& hi) const { load_pair(p + at, lo, hi); }
+  };
+  struct LastPair {
+    int64_t D;
+    void operator()(const T* p, int64_t at, F& lo, F& hi) const { load_channels(p, at, D, lo, hi); }
+  };
   // acc[jj][i]: W lanes of partial dot products of key kr[jj] with query head h0 + i
   // (heads past gn repeat the last live one)
   static void scores(const float* q, int64_t h0, int gn, const T* const kr[kKeys], int64_t D, F acc[kKeys][4]) {
@@ -336,8 +345,8 @@ struct FloatDecode {
       }
     };
     int64_t d = 0;
-    for (; d < whole; d += kPair) step(d, [](const T* p, int64_t at, F& lo, F& hi) { load_pair(p + at, lo, hi); });
-    if (d < Dp) step(d, [D](const T* p, int64_t at, F& lo, F& hi) { load_channels(p, at, D, lo, hi); });
+    for (; d < whole; d += kPair) step(d, WholePair{});
+    if (d < Dp) step(d, LastPair{D});
   }
   static int64_t prob_floats(int64_t H) { return H * W; }
   static void store_probs(float* P, int64_t h, F p) { S::store(P + h * W, p); }
@@ -351,11 +360,9 @@ struct FloatDecode {
     constexpr int64_t kBlock = kValuePairs * kPair;
     int64_t d0 = 0;
     for (; d0 + kBlock <= D; d0 += kBlock)
-      accumulate_block<kValuePairs>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp,
-                                    [](const T* p, int64_t at, F& lo, F& hi) { load_pair(p + at, lo, hi); });
+      accumulate_block<kValuePairs>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp, WholePair{});
     for (; d0 < Dp; d0 += kPair)  // the last channels, a pair at a time
-      accumulate_block<1>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp,
-                          [D](const T* p, int64_t at, F& lo, F& hi) { load_channels(p, at, D, lo, hi); });
+      accumulate_block<1>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp, LastPair{D});
   }
   template <int Pairs, class Load>
   static void accumulate_block(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
