@@ -59,6 +59,8 @@ _KNOWN_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "
 # generate's arguments after which the loop is not ours to run
 # (transformers hands a custom_generate callable none of these: its decoding method reads them)
 _NOT_OURS = ("custom_generate", "streamer", "assistant_model", "synced_gpus", "tokenizer", "assistant_tokenizer")
+# the output object's field for the cache (transformers < 5.24: past_key_values)
+_CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)} else "past_key_values"
 
 
 class _Elsewhere(Exception):
@@ -191,10 +193,9 @@ def _result(input_ids: torch.Tensor, kept: list[torch.Tensor], generation_config
         return input_ids
     steps = tuple(kept)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    named = "cache" if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)} else "past_key_values"
     return GenerateDecoderOnlyOutput(sequences=input_ids, scores=steps if generation_config.output_scores else None,
                                      logits=steps if generation_config.output_logits else None, attentions=None,
-                                     hidden_states=None, **{named: cache})
+                                     hidden_states=None, **{_CACHE_FIELD: cache})
 
 
 def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Tensor, unfinished: torch.Tensor,
