@@ -23,9 +23,8 @@ from tileops.backend import (
     registered_targets,
     set_default_target,
 )
-from tileops.ops import RMSNormFwdOp
-
 from tileops.integrations.transformers import enable
+from tileops.ops import RMSNormFwdOp
 from tileops.testing.agreement import check_greedy_agreement
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
