@@ -57,7 +57,8 @@ struct Simd {
   // rows.) Lane order: even elements in `even`, odd ones in `odd`; see load_pair in
   // kernels/common.h.
   static void load_pair(const tnc::bf16_t* p, F& even, F& odd) {
-    const __m512i v = _mm512_loadu_si512(p);
+    __m512i v = _mm512_loadu_si512(p);
+    __asm__("" : "+v"(v));  // one load, not two: see load_pair in simd_avx2.h
     even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
