@@ -202,11 +202,7 @@ float logit_at(const TensorView& v, int64_t i) {
 // Row `row` of the logits as float32 into `out` (as transformers keeps each step's logits)
 void copy_logits_row(const TensorView& v, int64_t row, float* out) {
   const int64_t n = v.shape[1];
-  switch (v.dtype) {
-    case DType::f32: std::memcpy(out, static_cast<const float*>(v.data) + row * n, static_cast<size_t>(n) * 4); break;
-    case DType::bf16: for (int64_t i = 0; i < n; ++i) out[i] = to_float(static_cast<const bf16_t*>(v.data)[row * n + i]); break;
-    default: for (int64_t i = 0; i < n; ++i) out[i] = to_float(static_cast<const half_t*>(v.data)[row * n + i]); break;
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = logit_at(v, row * n + i);
 }
 
 int64_t first_largest(const TensorView& logits, int64_t row) {
