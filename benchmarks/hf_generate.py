@@ -123,7 +123,8 @@ def measure(model, ids, mask, new: int, generate=None) -> tuple[float, float]:
         prefill = time.perf_counter() - t0
         t0 = time.perf_counter()
         cache = "cache" if "cache" in first else "past_key_values"  # the name before transformers 5.24
-        out = generate(first.sequences, attention_mask=resumed_mask, **{cache: first[cache]}, max_new_tokens=steps, **kw)
+        out = generate(first.sequences, attention_mask=resumed_mask, **{cache: first[cache]},
+                       max_new_tokens=steps, **kw)
         resumed = time.perf_counter() - t0
         if out.shape[1] != first.sequences.shape[1] + steps:
             raise RuntimeError(f"generate stopped after {out.shape[1] - first.sequences.shape[1]} of {steps} tokens "
