@@ -14,8 +14,12 @@ $(VENV)/.base: requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	# torch==2.13.0 is the CPU build this machine keeps on disk; pin it first so that
 	# nothing later resolves a different (CUDA) torch.
-	$(PIP) install torch==2.13.0
-	$(PIP) install -r requirements-dev.txt
+	$(PIP) install --no-compile torch==2.13.0
+	$(PIP) install --no-compile -r requirements-dev.txt
+	# pip byte-compiles what it installs on one core (about a minute here); compileall does
+	# the same on every core. Its status is ignored, as pip ignores it: torch ships test
+	# files written for newer Pythons.
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
 	touch $@
 
 $(VENV)/.tileops-installed: $(VENV)/.base $(CSRC)

@@ -851,6 +851,26 @@ def test_cpu_workload_cases_satisfy_the_rules_and_the_size_budget(op: str) -> No
         assert max(sizes) <= 1 << 21, (name, shapes)
 
 
+def test_small_workload_cases_satisfy_the_rules_and_are_a_fraction_of_the_cpu_ones() -> None:
+    def largest(e, shapes, params, dtype) -> int:
+        s = specs(e, shapes, dtype)
+        e.check_inputs(s, params)
+        sizes = [math.prod(v) for v in shapes.values() if v is not None]
+        return max(sizes + [math.prod(shape) for _, shape in e.output_meta(s, params)])
+
+    total = {"cpu": 0, "small": 0}
+    for op in OPS:
+        e = manifest.entry(op)
+        cpu = {(n, d): largest(e, s, p, d) for n, s, p, d in e.workload_cases("cpu")}
+        for name, shapes, params, dtype in e.workload_cases("small"):
+            assert e.init_params(params) == params
+            size = largest(e, shapes, params, dtype)
+            assert size <= cpu[name, dtype], (op, name, shapes)
+            total["small"] += size
+            total["cpu"] += cpu[name, dtype]
+    assert total["small"] * 4 <= total["cpu"], total
+
+
 def test_cpu_scaling_keeps_divisibility_and_the_links_between_dims() -> None:
     bmm = {n: s for n, s, _, _ in manifest.entry("BmmFwdOp").workload_cases("cpu")}
     assert bmm["square-4k-b4"]["a"][2] % 16 == 0
@@ -865,7 +885,7 @@ def test_cpu_scaling_keeps_divisibility_and_the_links_between_dims() -> None:
 
 
 def test_workload_cases_rejects_an_unknown_scale() -> None:
-    with pytest.raises(ValueError, match="'cpu', 'tiny' or 'full'"):
+    with pytest.raises(ValueError, match="'cpu', 'small', 'tiny' or 'full'"):
         manifest.entry("ReluFwdOp").workload_cases("gpu")
 
 

@@ -99,9 +99,10 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
         help="the device to run on (default: the first device present that TARGET claims)",
     )
     parser.add_argument(
-        "--scale", choices=("tiny", "cpu", "full"), default=None,
+        "--scale", choices=("tiny", "small", "cpu", "full"), default=None,
         help="workload sizes: 'full' as written, 'cpu' scaled to at most 2**21 elements per "
-        "tensor, 'tiny' a few hundred (default: 'cpu' on the CPU, 'full' elsewhere)",
+        "tensor, 'small' to 2**18, 'tiny' a few hundred (default: 'cpu' on the CPU, 'full' "
+        "elsewhere)",
     )
 
 

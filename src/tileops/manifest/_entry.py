@@ -309,11 +309,13 @@ class OpEntry:
 
         ``"full"``: as written. ``"cpu"``: big dims halved until every input and output has
         at most 2**21 elements, each step re-checked against the manifest's own rules;
+        ``"small"``: the same toward 2**18, as far as the rules allow (an MoE's gate-up
+        weight, twice its down weight's width, stays at 1.5 x 2**18);
         ``"tiny"``: the same down to a few hundred elements (for tests that make thousands
         of calls). Cases that shrink to the same thing appear once.
         """
-        if scale not in ("cpu", "tiny", "full"):
-            raise ValueError(f"scale must be 'cpu', 'tiny' or 'full', got {scale!r}")
+        if scale not in ("cpu", "small", "tiny", "full"):
+            raise ValueError(f"scale must be 'cpu', 'small', 'tiny' or 'full', got {scale!r}")
         cases = self._cases.get(scale)
         if cases is None:
             cases = self._build_cases(scale)
@@ -321,9 +323,13 @@ class OpEntry:
         return [(n, dict(s), dict(p), d) for n, s, p, d in cases]
 
     def _build_cases(self, scale: str) -> list[WorkloadCase]:
-        from ._scale import TINY_BUDGET, TINY_FLOOR, scale_case  # only tests and benchmarks
+        # only tests and benchmarks scale
+        from ._scale import SMALL_BUDGET, TINY_BUDGET, TINY_FLOOR, scale_case
 
-        limits = {"tiny": {"budget": TINY_BUDGET, "floor": TINY_FLOOR}}.get(scale, {})
+        limits = {
+            "small": {"budget": SMALL_BUDGET},
+            "tiny": {"budget": TINY_BUDGET, "floor": TINY_FLOOR},
+        }.get(scale, {})
 
         cases: list[WorkloadCase] = []
         seen = set()

@@ -36,6 +36,8 @@ class OpEntry(Protocol):
 
 BUDGET = 1 << 21  # elements per tensor (inputs and outputs)
 _FLOOR = 16  # never halve a dim below this: keeps tiles, K % 16 and head groups sensible
+# "small": an eighth of that, the same tiles and rules (the sanitizer job's conformance run).
+SMALL_BUDGET = 1 << 18
 # "tiny": a few hundred elements, for tests that run thousands of calls (hostile inputs).
 TINY_BUDGET, TINY_FLOOR = 512, 2
 
