@@ -247,7 +247,7 @@ class Dispatcher {
     rules_.clear();
     reads_values_.fill(false);
     for (const auto& [kind, text, tensors, scalars] : rules) {
-      if (kind < 0 || kind > static_cast<int>(engine::ValueKind::kWithin)) throw nb::value_error("set_value_rules: unknown kind");
+      if (kind < 0 || kind > static_cast<int>(engine::ValueKind::kWritesApart)) throw nb::value_error("set_value_rules: unknown kind");
       for (int slot : tensors) {
         if (slot < 0 || static_cast<size_t>(slot) >= slots_) throw nb::value_error("set_value_rules: slot out of range");
         reads_values_[static_cast<size_t>(slot)] = true;

@@ -1,5 +1,6 @@
 #include "engine/value_rules.h"
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 
@@ -207,6 +208,76 @@ void pages(const Values& table, int64_t page_size, int64_t num_pages,
   }
 }
 
+// writes_apart(table, page_size, num_pages, cached, offsets): request b writes the
+// offsets[b+1] - offsets[b] tokens of its chunk at positions cached[b], cached[b] + 1, ...
+// (row table[b, p / page_size] * page_size + p % page_size of the cache), then reads every
+// position below its end. No row may be written twice, and no request may read a row
+// another token of the call writes, at a cached position: in either case the result
+// would depend on the order of the writes. Positions whose page pages() refuses are left
+// to it (a manifest lists pages() first).
+void writes_apart(const Values& table, int64_t page_size, int64_t num_pages, const Values& cached,
+                  const Values& offsets) {
+  if (table.ndim() != 2) broken("'" + table.name() + "' must be 2-D, got shape " + table.shape());
+  expect_1d(cached);
+  expect_1d(offsets);
+  const int64_t batch = table.size(0), width = table.size(1);
+  if (cached.size(0) != batch || offsets.size(0) != batch + 1) {
+    broken("expected " + std::to_string(batch) + " entries in '" + cached.name() + "' and " +
+           std::to_string(batch + 1) + " in '" + offsets.name() + "' ('" + table.name() + "' has " +
+           std::to_string(batch) + " rows), got " + std::to_string(cached.size(0)) + " and " +
+           std::to_string(offsets.size(0)));
+  }
+  if (page_size <= 0 || num_pages <= 0) return;
+  auto row_of = [&](int64_t b, int64_t position) -> int64_t {  // -1: for pages() to report
+    const int64_t column = position / page_size;
+    if (position < 0 || column >= width) return -1;
+    const int64_t page = table.at(b, column);
+    return page < 0 || page >= num_pages ? -1 : page * page_size + position % page_size;
+  };
+  // Positions past the table's row are pages()'s to refuse: the loops stop there.
+  const int64_t room = width * page_size;
+  auto first = [&](int64_t b) { return std::clamp<int64_t>(cached.at(b), 0, room); };
+  auto end = [&](int64_t b) {
+    return first(b) + std::clamp<int64_t>(offsets.at(b + 1) - offsets.at(b), 0, room - first(b));
+  };
+  auto token = [&](int64_t b, int64_t position) {
+    return "request " + std::to_string(b) + "'s position " + std::to_string(position) + " (" + table.name() +
+           "[" + std::to_string(b) + ", " + std::to_string(position / page_size) + "] = " +
+           std::to_string(table.at(b, position / page_size)) + ")";
+  };
+  auto writer_of = [&](int64_t row) -> std::string {  // the first token written to `row`
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t position = first(b); position < end(b); ++position) {
+        if (row_of(b, position) == row) return token(b, position);
+      }
+    }
+    return "?";
+  };
+  std::vector<uint64_t> written(static_cast<size_t>((num_pages * page_size + 63) / 64), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t position = first(b); position < end(b); ++position) {
+      const int64_t row = row_of(b, position);
+      if (row < 0) continue;
+      uint64_t& word = written[static_cast<size_t>(row / 64)];
+      const uint64_t bit = uint64_t{1} << (row % 64);
+      if (word & bit) {
+        broken(token(b, position) + " writes cache row " + std::to_string(row) + ", which " + writer_of(row) +
+               " writes too");
+      }
+      word |= bit;
+    }
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t position = 0; position < first(b); ++position) {
+      const int64_t row = row_of(b, position);
+      if (row >= 0 && ((written[static_cast<size_t>(row / 64)] >> (row % 64)) & 1)) {
+        broken(token(b, position) + " reads cached row " + std::to_string(row) + ", which " + writer_of(row) +
+               " overwrites in this call");
+      }
+    }
+  }
+}
+
 std::optional<std::string> check_one(const ValueRule& rule, std::span<const SlotValues> slots,
                                      std::span<const std::string> names) {
   for (int slot : rule.tensors) {
@@ -232,6 +303,9 @@ std::optional<std::string> check_one(const ValueRule& rule, std::span<const Slot
         pages(tensors.at(0), scalars.at(0), scalars.at(1), lengths);
         break;
       }
+      case ValueKind::kWritesApart:
+        writes_apart(tensors.at(0), scalars.at(0), scalars.at(1), tensors.at(1), tensors.at(2));
+        break;
     }
   } catch (const Broken& b) {
     return "value rule `" + rule.text + "` does not hold: " + b.why;

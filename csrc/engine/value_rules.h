@@ -21,6 +21,7 @@ enum class ValueKind : int {
   kAtLeast = 3,        // at_least(t, low): every entry >= low
   kPages = 4,          // pages(table, page_size, num_pages, len, [len2]): see value_rules.cc
   kWithin = 5,         // within(t, low, high): every entry in [low, high)
+  kWritesApart = 6,    // writes_apart(table, page_size, num_pages, cached, offsets): see value_rules.cc
 };
 
 // A scalar argument, in postfix: the words are opcode, operands.

@@ -90,6 +90,35 @@ TEST(ValueRules, PagesAddOffsetSpansToLengths) {
   EXPECT_EQ(call.check(rules), "");
 }
 
+TEST(ValueRules, WritesApartRefusesARowWrittenTwiceOrReadWhileAnotherTokenWritesIt) {
+  // four pages of 2 rows; each request appends its chunk after its cached tokens
+  Call call;
+  const int cached = call.add("cache", {2, 2}, {2});
+  const int cu = call.add("cu", {0, 2, 3}, {3});
+  const int table = call.add("table", {0, 1, 0, 3}, {2, 2});
+  const std::vector<ValueRule> rules{
+      {ValueKind::kWritesApart, "writes_apart", {table, cached, cu}, {constant(2), constant(4)}}};
+  // both requests read page 0 (a shared prefix) and append to pages of their own
+  EXPECT_EQ(call.check(rules), "");
+  call.data[table] = {0, 1, 0, 1};
+  EXPECT_NE(call.check(rules).find("request 1's position 2 (table[1, 1] = 1) writes cache row 2, which request 0's "
+                                   "position 2 (table[0, 1] = 1) writes too"),
+            std::string::npos);
+  call.data[cached] = {0, 2};  // request 0 appends into page 0, which request 1 reads
+  call.data[table] = {0, 1, 0, 3};
+  EXPECT_NE(call.check(rules).find("request 1's position 0 (table[1, 0] = 0) reads cached row 0, which request 0's "
+                                   "position 0 (table[0, 0] = 0) overwrites in this call"),
+            std::string::npos);
+  call.data[cached] = {0, 0};  // one request putting two of its positions in one row
+  call.data[cu] = {0, 3, 3};
+  call.data[table] = {1, 1, 2, 3};
+  EXPECT_NE(call.check(rules).find("request 0's position 2 (table[0, 1] = 1) writes cache row 2, which request 0's "
+                                   "position 0 (table[0, 0] = 1) writes too"),
+            std::string::npos);
+  call.data[table] = {1, 9, 2, 3};  // a page outside the cache is pages()'s to refuse
+  EXPECT_EQ(call.check(rules), "");
+}
+
 TEST(ValueRules, SpansAndLowerBounds) {
   Call call;
   const int cu = call.add("cu", {0, 5, 6}, {3});

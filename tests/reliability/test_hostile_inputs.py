@@ -645,6 +645,19 @@ def value_rule_breakers(entry: manifest.OpEntry, shapes: dict, params: dict, inp
                     bad = inputs[n].clone()
                     bad[0] = table.shape[1] * page_size + 1
                     out.append((f"{n} beyond its pages", name, {n: bad}))
+        elif rule.kind == "writes_apart":
+            page_size = scalars[0]
+            cached, offsets = (inputs[n] for n in rule.tensors[1:])
+            chunks = offsets[1:] - offsets[:-1]
+            appending = torch.nonzero(chunks > 0).flatten().tolist()
+            long = [b for b in appending if int(cached[b] + chunks[b]) > page_size]
+            bad = t.clone()
+            if len(appending) >= 2:  # two requests on one set of pages: one overwrites the other
+                bad[appending[1]] = bad[appending[0]]
+                out.append((f"two requests appending through one {name} row", name, {name: bad}))
+            elif long:  # every page of a request one page: a later position lands on an earlier one's row
+                bad[long[0]] = bad[long[0], 0]
+                out.append((f"a {name} row whose pages are all one", name, {name: bad}))
     return out
 
 

@@ -4,6 +4,7 @@ equally long, every block table full), which `tileops bench` times."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tileops import manifest
@@ -39,3 +40,25 @@ def test_full_offsets_split_their_rows_evenly():
     cu = _inputs(_case("GroupedQueryAttentionPrefillFwdOp"), True)["cu_seqlens_q"].tolist()
     spans = [b - a for a, b in zip(cu, cu[1:])]
     assert max(spans) - min(spans) <= 1 and cu[0] == 0
+
+
+def test_cases_leave_out_shapes_where_no_block_table_keeps_the_writes_apart():
+    op = "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp"
+    entry = manifest.entry(op)
+    every = [harness.Case(op, n, s, p, d, None, "cpu") for n, s, p, d in entry.workload_cases("tiny")]
+    # shrunk to a few hundred elements, one page of 16 rows is left for four requests' chunks
+    short = [c for c in every if not harness.writes_fit(entry, c.shapes, c.params)]
+    assert {c.workload for c in short} >= {"chunks-window20"}
+    kept = harness.cases(None, ops=[op], scale="tiny")
+    assert not {c.workload for c in short} & {c.workload for c in kept} and kept
+    with pytest.raises(ValueError, match=f"{op}: its requests need .* pages of 16 tokens, and the cache holds 1"):
+        harness.make_inputs(next(c for c in short if c.workload == "chunks-window20"))
+    # what is kept gets tables whose written rows are all distinct
+    for case in kept + harness.cases(None, ops=[op]):
+        args = dict(zip(entry.input_names(), harness.make_inputs(case)))
+        page = case.params["page_size"]
+        rows = [int(args["block_table"][b, t // page]) * page + t % page
+                for b in range(len(args["cache_seqlens"]))
+                for t in range(int(args["cache_seqlens"][b]),
+                               int(args["cache_seqlens"][b]) + int(args["cu_seqlens_q"][b + 1] - args["cu_seqlens_q"][b]))]
+        assert len(rows) == len(set(rows)), case

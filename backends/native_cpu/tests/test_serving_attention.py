@@ -201,6 +201,22 @@ def test_a_varlen_kernel_called_directly_refuses_offsets_that_decrease_or_overru
                 sm_scale=0.3, softcap=0.0, window_size_left=-1, window_size_right=-1)
 
 
+def test_the_paged_prefill_op_refuses_requests_appending_to_one_cache_row_before_writing_any():
+    ops = pytest.importorskip("tileops.ops")
+    heads, heads_kv, dim, page = 4, 2, 16, 4
+    k_pages, v_pages = torch.zeros(4 * page, heads_kv, dim).bfloat16(), torch.zeros(4 * page, heads_kv, dim).bfloat16()
+    q, k_new = torch.randn(4, heads, dim).bfloat16(), torch.randn(4, heads_kv, dim).bfloat16()
+    cu, cached = torch.tensor([0, 2, 4], dtype=I32), torch.tensor([0, 0], dtype=I32)
+    op = ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(2, page, 2, target="native_cpu")
+    shared = torch.tensor([[1, 2], [1, 3]], dtype=I32)
+    with pytest.raises(ValueError, match=r"writes_apart.* does not hold: request 1's position 0 \(block_table\[1, 0\] = 1\) "
+                       r"writes cache row 4, which request 0's position 0 \(block_table\[0, 0\] = 1\) writes too"):
+        op(q, k_new, k_new, k_pages, v_pages, None, None, cu, cached, shared)
+    assert not k_pages.any() and not v_pages.any()  # refused before the append
+    out = op(q, k_new, k_new, k_pages, v_pages, None, None, cu, cached, torch.tensor([[1, 2], [0, 3]], dtype=I32))
+    assert torch.equal(k_pages[4:6], k_new[:2]) and torch.equal(k_pages[0:2], k_new[2:]) and out.shape == q.shape
+
+
 def test_a_serving_loop_on_the_paged_kv_cache_helper():
     """Prefill two prompts in chunks into tileops.serving.PagedKVCache with the paged
     prefill op, then decode a few tokens with the paged decode op: every output equals

@@ -16,6 +16,10 @@ vocabulary; its arguments are integer input names (whose values are read) and sc
                                  tensor) or len[b+1] - len[b] (a [B+1] offsets tensor)
                                  tokens; they fit in table's row, and every page they use,
                                  table[b, :ceil(tokens / page_size)], is in [0, num_pages)
+    writes_apart(table, page_size, num_pages, cached, offsets)
+                                 request b writes offsets[b+1] - offsets[b] tokens at
+                                 positions cached[b] on; no cache row is written twice, and
+                                 none that a request reads at a cached position is written
 
 A rule naming an absent optional input is skipped.
 """
@@ -37,6 +41,7 @@ KINDS: dict[str, tuple[int, tuple[str, ...]]] = {
     "at_least": (3, ("T", "S")),
     "pages": (4, ("T", "S", "S", "T", "T?")),
     "within": (5, ("T", "S", "S")),
+    "writes_apart": (6, ("T", "S", "S", "T", "T")),
 }
 
 # postfix opcodes of csrc/engine/value_rules.h (engine::Op)

@@ -60,7 +60,8 @@ def cases(
     ops: Iterable[str] | None = None,
     edge_cases: bool = True,
 ) -> list[Case]:
-    """Every workload case of every op ``target`` registers (or ``ops``), plus edge cases."""
+    """Every workload case of every op ``target`` registers (or ``ops``), plus edge cases,
+    less those whose shapes leave no valid index inputs (``writes_fit``)."""
     names = list(ops) if ops is not None else _ops_of(target)
     out: list[Case] = []
     for name in names:
@@ -69,7 +70,7 @@ def cases(
             out.append(Case(name, workload, dict(shapes), dict(params), dtype, target, device))
         if edge_cases:
             out.extend(_edge_cases(entry, target, device))
-    return out
+    return [c for c in out if writes_fit(manifest.entry(c.op), c.shapes, c.params)]
 
 
 def _ops_of(target: str | None) -> list[str]:
@@ -222,13 +223,15 @@ def index_inputs(
 ) -> dict[str, torch.Tensor]:
     """Values for the inputs an entry's value rules read, which every rule accepts: offsets
     split their total unevenly (empty requests included), lengths take part of what the
-    page tables leave, and each request gets pages of its own, so no two write one row.
+    page tables leave, and each request gets pages of its own, so no two write one row
+    (ValueError where the cache is too small for that and the op writes to it).
     ``full``: offsets split evenly over every row and lengths take all the room (the
     shapes a roofline formula assumes)."""
     rules = entry.value_rules
     dtypes = {d.name: d.dtypes[-1] for d in entry.inputs if d.dtypes}
     out: dict[str, torch.Tensor] = {}
     limit = {r.tensors[0]: r.scalar_values(shapes, params)[0] for r in rules if r.kind == "spans_at_most"}
+    writes = any(r.kind == "writes_apart" for r in rules)
     low = {r.tensors[0]: r.scalar_values(shapes, params)[0] for r in rules if r.kind == "at_least"}
     for rule in rules:
         if rule.kind in ("offsets", "offsets_within"):
@@ -259,15 +262,35 @@ def index_inputs(
             values = room if full else [int(torch.randint(floor, r + 1, (1,), generator=gen)) for r in room]
             out[n] = torch.tensor(values, dtype=dtypes[n])
             fixed = [f + x for f, x in zip(fixed, values)]
+        used = [min(-(-tokens // page_size), width) for tokens in fixed]
+        if writes and sum(used) > num_pages:
+            raise ValueError(f"{entry.name}: its requests need {sum(used)} pages of {page_size} tokens, and the "
+                             f"cache holds {num_pages}: no block table keeps their writes apart at these shapes")
         pages = torch.randperm(num_pages, generator=gen).tolist()
         rows = torch.randint(0, max(num_pages, 1), (batch, width), generator=gen)  # unused entries: valid pages
         at = 0
-        for b, tokens in enumerate(fixed):
-            used = min(-(-tokens // page_size), width)
-            rows[b, :used] = torch.tensor([pages[(at + i) % num_pages] for i in range(used)], dtype=rows.dtype)
-            at += used
+        for b, n in enumerate(used):  # where pages run out (reads only), requests share them
+            rows[b, :n] = torch.tensor([pages[(at + i) % num_pages] for i in range(n)], dtype=rows.dtype)
+            at += n
         out[table] = rows.to(dtypes[table])
     return out
+
+
+def writes_fit(entry: manifest.OpEntry, shapes: dict, params: dict) -> bool:
+    """Whether ``index_inputs`` can keep the requests' writes apart (``writes_apart``) at
+    these shapes, whatever its random split: it can when no request's chunk exceeds its
+    share of the pages. (Shrunk to a few hundred elements, a cache of one page cannot hold
+    four requests' chunks apart.)"""
+    rules = {r.kind: r for r in entry.value_rules}
+    if "writes_apart" not in rules:
+        return True
+    page_size, num_pages = rules["pages"].scalar_values(shapes, params)
+    batch, width = shapes[rules["pages"].tensors[0]]
+    offsets = rules["writes_apart"].tensors[2]
+    # the longest chunk: the offsets' total, or their span limit
+    longest = min(r.scalar_values(shapes, params)[0] for r in entry.value_rules
+                  if r.tensors[0] == offsets and r.kind in ("offsets", "offsets_within", "spans_at_most"))
+    return longest <= min(width, num_pages // max(batch, 1)) * page_size
 
 
 def _even_split(total: int, count: int) -> list[int]:
