@@ -19,7 +19,7 @@ $(VENV)/.base: requirements-dev.txt
 	# pip byte-compiles what it installs on one core (about a minute here); compileall does
 	# the same on every core. Its status is ignored, as pip ignores it: torch ships test
 	# files written for newer Pythons.
-	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	touch $@
 
 $(VENV)/.tileops-installed: $(VENV)/.base $(CSRC)
