@@ -65,7 +65,7 @@ test-native: setup
 	  sh -c 'cd backends/native_cpu && python -m pytest -q tests'
 
 # Everything: C++ unit tests, the Python suite, the native backend's suite, and the
-# sanitizer job (about 7.5 of the whole 14 minutes on 2 cores; see docs/reliability.md).
+# sanitizer job (about 7 of the whole 16 minutes on 2 cores; see docs/reliability.md).
 test: test-cpp test-py test-native sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
