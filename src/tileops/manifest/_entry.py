@@ -323,7 +323,7 @@ class OpEntry:
         return [(n, dict(s), dict(p), d) for n, s, p, d in cases]
 
     def _build_cases(self, scale: str) -> list[WorkloadCase]:
-        # only tests and benchmarks scale
+        # imported here: only tests and benchmarks scale workloads
         from ._scale import SMALL_BUDGET, TINY_BUDGET, TINY_FLOOR, scale_case
 
         limits = {
