@@ -132,6 +132,32 @@ def test_replay_greedy_follows_the_first_largest_logit_as_torch_argmax_picks_it(
     assert torch.equal(rows, table[tokens[:, 6]])  # the input of the last step run
 
 
+@pytest.mark.parametrize("dtype", [BF, torch.float16, torch.float32])
+def test_replay_greedy_picks_as_torch_argmax_across_blocks_signed_zeros_and_infinities(dtype):
+    # a vocabulary of several of the search's blocks of 256 logits
+    gen = torch.Generator().manual_seed(5)
+    vocab = 700
+    table = torch.randn(vocab, vocab, generator=gen).to(dtype)
+    table[0, 300] = table[0, 600] = 9  # a tie between two blocks: the first wins
+    table[1] = -table[1].abs() - 1  # all negative but -0 before +0: the first zero wins
+    table[1, 400], table[1, 500] = -0.0, 0.0
+    table[2] = -table[2].abs() - 1
+    table[2, 450], table[2, 260] = 0.0, -0.0
+    table[3, 650], table[3, 690] = float("inf"), float("nan")  # NaN above +inf
+    table[4] = float("-inf")  # nothing above -inf: the first index
+    table[5, 699] = 9  # the maximum in the last, partial block
+    table[6, 5] = float("nan")  # two NaNs: the first
+    table[6, 300] = float("nan")
+    first = [0, 1, 2, 3, 4, 5, 6]
+    tape, logits, rows, positions, seqlens, last = _walk(table, first)
+    tokens = torch.full((len(first), 3), -1)
+    ran = tape.replay_greedy(3, logits, table, rows, positions, seqlens, last, tokens, torch.ones(len(first), dtype=torch.long), [], -1)
+    assert ran == 3
+    assert [row[0] for row in tokens.tolist()] == [300, 400, 260, 690, 0, 699, 5]
+    for b, f in enumerate(first):
+        assert tokens[b].tolist() == _walked(table, f, 3)
+
+
 def test_replay_greedy_pads_a_finished_sequence_and_stops_once_all_have_finished():
     gen = torch.Generator().manual_seed(4)
     vocab = 16
