@@ -844,20 +844,20 @@ def test_cpu_workload_cases_satisfy_the_rules_and_the_size_budget(op: str) -> No
     assert cases
     for name, shapes, params, dtype in cases:
         assert e.init_params(params) == params
-        s = specs(e, shapes, dtype)
-        e.check_inputs(s, params)
-        sizes = [math.prod(v) for v in shapes.values() if v is not None]
-        sizes += [math.prod(shape) for _, shape in e.output_meta(s, params)]
-        assert max(sizes) <= 1 << 21, (name, shapes)
+        assert _largest_checked_tensor(e, shapes, params, dtype) <= 1 << 21, (name, shapes)
+
+
+def _largest_checked_tensor(e, shapes: dict, params: dict, dtype) -> int:
+    """The elements of a case's largest input or output, after checking its inputs
+    against the entry's rules (which raise where the case breaks one)."""
+    s = specs(e, shapes, dtype)
+    e.check_inputs(s, params)
+    sizes = [math.prod(v) for v in shapes.values() if v is not None]
+    return max(sizes + [math.prod(shape) for _, shape in e.output_meta(s, params)])
 
 
 def test_small_workload_cases_satisfy_the_rules_and_are_a_fraction_of_the_cpu_ones() -> None:
-    def largest(e, shapes, params, dtype) -> int:
-        s = specs(e, shapes, dtype)
-        e.check_inputs(s, params)
-        sizes = [math.prod(v) for v in shapes.values() if v is not None]
-        return max(sizes + [math.prod(shape) for _, shape in e.output_meta(s, params)])
-
+    largest = _largest_checked_tensor
     total = {"cpu": 0, "small": 0}
     for op in OPS:
         e = manifest.entry(op)

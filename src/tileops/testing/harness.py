@@ -255,7 +255,7 @@ def index_inputs(
                 values = out[n].tolist()
                 spans = [b - a for a, b in zip(values[:-1], values[1:])] if len(values) == batch + 1 else values
                 fixed = [f + s for f, s in zip(fixed, spans)]
-        share = min(width, num_pages // max(batch, 1)) * page_size  # tokens a request may hold
+        share = _request_share(batch, width, page_size, num_pages)
         for n in free:
             floor = max(low.get(n, 0), 0)
             room = [max(share - f, floor) for f in fixed]
@@ -290,7 +290,13 @@ def writes_fit(entry: manifest.OpEntry, shapes: dict, params: dict) -> bool:
     # the longest chunk: the offsets' total, or their span limit
     longest = min(r.scalar_values(shapes, params)[0] for r in entry.value_rules
                   if r.tensors[0] == offsets and r.kind in ("offsets", "offsets_within", "spans_at_most"))
-    return longest <= min(width, num_pages // max(batch, 1)) * page_size
+    return longest <= _request_share(batch, width, page_size, num_pages)
+
+
+def _request_share(batch: int, width: int, page_size: int, num_pages: int) -> int:
+    """The tokens each request may hold when the cache's pages are split evenly among
+    ``batch`` requests whose block table rows have ``width`` entries."""
+    return min(width, num_pages // max(batch, 1)) * page_size
 
 
 def _even_split(total: int, count: int) -> list[int]:
