@@ -151,7 +151,8 @@ def test_replay_greedy_picks_as_torch_argmax_across_blocks_signed_zeros_and_infi
     first = [0, 1, 2, 3, 4, 5, 6]
     tape, logits, rows, positions, seqlens, last = _walk(table, first)
     tokens = torch.full((len(first), 3), -1)
-    ran = tape.replay_greedy(3, logits, table, rows, positions, seqlens, last, tokens, torch.ones(len(first), dtype=torch.long), [], -1)
+    unfinished = torch.ones(len(first), dtype=torch.long)
+    ran = tape.replay_greedy(3, logits, table, rows, positions, seqlens, last, tokens, unfinished, [], -1)
     assert ran == 3
     assert [row[0] for row in tokens.tolist()] == [300, 400, 260, 690, 0, 699, 5]
     for b, f in enumerate(first):
