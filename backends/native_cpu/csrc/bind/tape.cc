@@ -221,27 +221,24 @@ int64_t first_largest_bits(const U* x, int64_t n, U inf) {
   constexpr int kSign = 8 * sizeof(U) - 1;
   auto key = [](U b) { const Key mag = static_cast<Key>(b & kMag); return static_cast<Key>(b >> kSign ? -mag : mag); };
   constexpr int64_t kBlock = 256;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<Key> block_max(static_cast<size_t>(blocks));
   Key top = std::numeric_limits<Key>::min();
+  int64_t top_block = 0;  // the first block holding the maximum: where it last grew
   U nan = 0;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t hi = std::min(n, (blk + 1) * kBlock);
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t hi = std::min(n, b0 + kBlock);
     Key m = std::numeric_limits<Key>::min();
     U bad = 0;
-    for (int64_t i = blk * kBlock; i < hi; ++i) {
+    for (int64_t i = b0; i < hi; ++i) {
       m = std::max(m, key(x[i]));
       bad |= static_cast<U>((x[i] & kMag) > inf);
     }
-    block_max[static_cast<size_t>(blk)] = m;
-    top = std::max(top, m);
+    if (b0 == 0 || m > top) top = m, top_block = b0;
     nan |= bad;
   }
   if (nan)
     for (int64_t i = 0; i < n; ++i)
       if ((x[i] & kMag) > inf) return i;
-  int64_t i = 0;
-  while (block_max[static_cast<size_t>(i / kBlock)] != top) i += kBlock;
+  int64_t i = top_block;
   while (key(x[i]) != top) ++i;
   return i;
 }
