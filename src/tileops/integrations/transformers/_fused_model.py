@@ -42,6 +42,7 @@ from transformers.utils import ModelOutput
 
 from ._attention import padding_mask
 from ._cache import TileopsCache
+from ._compat import cache_field, pop_cache
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
 from ._fusion import norm_eps, norm_weight
 from ._replay import DecodeReplay, replay_wanted
@@ -61,6 +62,7 @@ class FusedModel:
         self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
         self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
         self.output = output_class(base)
+        self.cache_field = cache_field(self.output)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
         # their hook dicts, which registering a hook fills in place: checked on every forward,
         # so one flat tuple to test (a decode step's Python runs on caches its weights flushed)
@@ -91,7 +93,7 @@ class FusedModel:
             x = self.replay.step(cache, rows, pos, masks, batch)
         else:
             x = self.layers_forward(rows.contiguous(), pos, masks, cache, batch, q_len)
-        out = self.output(last_hidden_state=x.view(batch, q_len, -1), cache=cache)
+        out = self.output(last_hidden_state=x.view(batch, q_len, -1), **{self.cache_field: cache})
         return out.to_tuple() if return_dict is False else out
 
     def decode_logits(self, head: nn.Linear, kwargs: dict) -> tuple[torch.Tensor, TileopsCache] | None:
@@ -101,8 +103,7 @@ class FusedModel:
         then runs it). Its logits are the bits of transformers' forward, whose ``lm_head``
         runs the same GEMM on the same rows."""
         kw = dict(kwargs)
-        cache = kw.pop("cache", None)
-        cache = kw.pop("past_key_values", None) if cache is None else cache
+        cache = pop_cache(kw)
         keep = kw.pop("logits_to_keep", 0)  # any int keeps the one position of a decode step
         ids = kw.get("input_ids")
         if (self.replay is None or not isinstance(cache, TileopsCache) or cache.paged is None or ids is None
@@ -130,7 +131,9 @@ class FusedModel:
                 position_ids = (torch.arange(h.shape[1], device=h.device) + past).unsqueeze(0)
         batch, q_len = h.shape[:2]
         masks = self._masks(attention_mask, q_len)
-        pos = positions_of(self.layers[0].self_attn, position_ids, batch, q_len)  # one check for all layers
+        attn = self.layers[0].self_attn
+        attn._tileops.positions.new_forward()
+        pos = positions_of(attn, position_ids, batch, q_len)  # one check for all layers
         return h.reshape(batch * q_len, -1), pos, masks, batch, q_len
 
     def layers_forward(self, residual: torch.Tensor, pos: torch.Tensor, masks: list[torch.Tensor | None], cache: Any,

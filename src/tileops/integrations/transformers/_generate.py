@@ -34,7 +34,6 @@ hook. ``type(model).generate(model, ...)`` is transformers' loop over replayed s
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from typing import Any
@@ -49,6 +48,7 @@ from transformers.generation.utils import (
 )
 
 from ._cache import TileopsCache
+from ._compat import cache_field
 
 __all__ = ["generate_like", "greedy_search"]
 
@@ -59,8 +59,7 @@ _KNOWN_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "
 # generate's arguments after which the loop is not ours to run
 # (transformers hands a custom_generate callable none of these: its decoding method reads them)
 _NOT_OURS = ("custom_generate", "streamer", "assistant_model", "synced_gpus", "tokenizer", "assistant_tokenizer")
-# the output object's field for the cache (transformers < 5.24: past_key_values)
-_CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)} else "past_key_values"
+_CACHE_FIELD = cache_field(GenerateDecoderOnlyOutput)
 
 
 class _Elsewhere(Exception):

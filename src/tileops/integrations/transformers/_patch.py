@@ -15,7 +15,6 @@ report. Nothing is guessed.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import types
@@ -30,6 +29,7 @@ from tileops.serving.host_memory import huge_pages_available
 
 from . import _attention, _forwards, _fused_model, _fusion, _generate, _moe, _placement
 from ._cache import PAGE_SIZE, TileopsCache
+from ._compat import cache_field, cache_kwarg, pop_cache
 
 __all__ = ["EnableReport", "UnsupportedModelError", "enable", "disable", "SUPPORTED_ARCHITECTURES"]
 
@@ -90,8 +90,8 @@ def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
     """The base model's forward, making a TileopsCache where transformers would make a
     DynamicCache (and replacing an empty one that ``generate`` made)."""
     st = self._tileops
-    cache = kwargs.pop("cache", None)
-    cache = kwargs.pop("past_key_values", None) if cache is None else cache
+    st.positions.new_forward()
+    cache = pop_cache(kwargs)
     use_cache = kwargs.get("use_cache")
     use_cache = self.config.use_cache if use_cache is None else use_cache
     if cache is None and use_cache or cache is not None and not isinstance(cache, TileopsCache) and _empty(cache):
@@ -132,11 +132,6 @@ def _causal_lm_forward_like(cls_forward: Any) -> Any:
     return forward
 
 
-def _cache_field(output: type) -> str:
-    """transformers 5.24 renamed the outputs' past_key_values to cache."""
-    return "cache" if "cache" in {f.name for f in dataclasses.fields(output)} else "past_key_values"
-
-
 def _empty(cache: Any) -> bool:
     try:
         return cache.get_seq_length() == 0
@@ -152,6 +147,7 @@ class _Plan:
         self.model, self.strict, self.target = model, strict, target
         self.report = EnableReport(type(model).__name__, target)
         self.patches: list[tuple[nn.Module, str, types.SimpleNamespace, Any]] = []
+        self.positions: _PositionCheck | None = None  # the attention layers' position check
 
     def refuse(self, module: str, feature: str, why: str) -> None:
         if self.strict:
@@ -267,7 +263,7 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         plan.refuse("attention", "bidirectional attention", "config use_bidirectional_attention=True")
         return
     staged = []
-    positions = _PositionCheck(int(config.max_position_embeddings))  # one for every layer
+    positions = plan.positions = _PositionCheck(int(config.max_position_embeddings))  # one for every layer
     for name, module in attentions:
         rope, gain = _rope_op(config, module, name, plan)
         if rope is None:
@@ -295,20 +291,26 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
 
 class _PositionCheck:
     """Refuses positions past max_position_embeddings (the RoPE ops' tables end there),
-    once per position tensor: every layer of a forward gets the same one. A tensor changed
-    in place since (its version moved) is checked again."""
+    once per forward: every layer of a forward gets the same position tensor, and the
+    base model's forward (``_base_model_forward``) calls ``new_forward`` before its layers
+    run. Identity, not the tensor's version counter, says "already checked": inference
+    tensors have no version counter. (The RoPE ops check their positions too; this check
+    names the config value.)"""
 
     def __init__(self, max_position: int) -> None:
         self.max_position = max_position
-        self.seen: tuple[torch.Tensor, int] | None = None  # a strong reference: its id stays its own
+        self.seen: torch.Tensor | None = None  # a strong reference: its id stays its own
+
+    def new_forward(self) -> None:
+        self.seen = None
 
     def check(self, position_ids: torch.Tensor, flat: torch.Tensor, module: str, note: str = "") -> None:
-        if self.seen is not None and self.seen[0] is position_ids and self.seen[1] == position_ids._version:
+        if self.seen is position_ids:
             return
         if flat.numel() and int(flat.max()) >= self.max_position:
             raise ValueError(f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}"
                              + note)
-        self.seen = (position_ids, position_ids._version)
+        self.seen = position_ids
 
 
 def _memo(make: Any) -> Any:
@@ -407,8 +409,7 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
     if plan.report.count("attention"):
         model.config._attn_implementation = _attention.NAME
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-        # transformers 5.24 renamed the forward's past_key_values to cache
-        cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        cache_kw = cache_kwarg(base.forward)
         fused_layers = {id(m) for m, kind, _s, _f in plan.patches if kind == "decoder layer"}
         fused = _fused_model.plan_fused_model(base, _ops(), target, fused_layers)
         if fused is not None:
@@ -416,7 +417,8 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
             plan.report.on_torch = [(m, f, "torch adds the residual after the MLP only where a call runs transformers' "
                                      "forward (hooks, output_hidden_states, ...)" if f == "residual adds" else why)
                                     for m, f, why in plan.report.on_torch]
-        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw, fused=fused)
+        base._tileops = types.SimpleNamespace(name="base model", forward=base.forward, cache_kw=cache_kw, fused=fused,
+                                              positions=plan.positions)
         base.forward = types.MethodType(_base_model_forward, base)
         saved["base"] = base
         head = getattr(model, "lm_head", None)
@@ -425,7 +427,7 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
             plan.report.replaced["causal LM decode step"] = [type(model).__name__]
             output = _fused_model.output_class(model, CausalLMOutputWithPast)
             model._tileops = types.SimpleNamespace(name="causal LM", forward=model.forward, fused=fused, head=head,
-                                                   output=output, cache_field=_cache_field(output))
+                                                   output=output, cache_field=cache_field(output))
             model.forward = types.MethodType(_causal_lm_forward_like(type(model).forward), model)
             if "custom_generate" in inspect.signature(type(model).generate).parameters:  # the hook _generate.py takes
                 plan.report.replaced["greedy search loop"] = [type(model).__name__]
