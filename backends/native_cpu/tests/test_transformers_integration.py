@@ -118,8 +118,16 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
-def _teacher_forced(model, ids, mask, tokens=None, steps=STEPS):
+# the grad contexts people run a model in
+CONTEXTS = {"plain": contextlib.nullcontext, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+def _teacher_forced(model, ids, mask, tokens=None, steps=STEPS, context=torch.no_grad):
+    with context():
+        return _teacher_forced_steps(model, ids, mask, tokens, steps)
+
+
+def _teacher_forced_steps(model, ids, mask, tokens, steps):
     """Prefill logits [B, S, V], then `steps` decode steps feeding `tokens` [B, steps] (the
     reference's greedy tokens when None): returns (prefill, [steps, B, V], tokens)."""
     out = model(input_ids=ids, attention_mask=mask, use_cache=True)
@@ -158,6 +166,24 @@ def test_logits_match_eager_at_prefill_and_every_decode_step(arch, padded):
     _close(prefill[real], ref_prefill[real], dtype, f"{arch} prefill")
     for t in range(STEPS):
         _close(steps[t], ref_steps[t], dtype, f"{arch} decode step {t}")
+
+
+@pytest.mark.parametrize("context", list(CONTEXTS))
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
+def test_every_grad_context_gives_eagers_logits_and_greedy_tokens(arch, context):
+    """Plain (grad on), torch.no_grad and torch.inference_mode: the same logits at prefill
+    and each decode step, and generate's greedy tokens (its search in C++ where served)."""
+    model = _model(arch)
+    ids, mask = _prompt(True)
+    ref_prefill, ref_steps, tokens = _teacher_forced(model, ids, mask)
+    hf.enable(model, target=TARGET)
+    prefill, steps, _ = _teacher_forced(model, ids, mask, tokens, context=CONTEXTS[context])
+    _close(prefill[mask.bool()], ref_prefill[mask.bool()], torch.bfloat16, f"{arch} prefill under {context}")
+    _close(steps, ref_steps, torch.bfloat16, f"{arch} decode under {context}")
+    with CONTEXTS[context]():
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    atol, rtol = TOL[torch.bfloat16]
+    check_greedy_agreement(ref_steps, tokens, got[:, ids.shape[1]:], atol + rtol * float(ref_steps.float().abs().max()))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
@@ -494,7 +520,8 @@ def test_a_replayed_step_is_as_checked_as_a_called_one():
             replay.recording.tape.replay()
 
 
-def test_threads_decoding_at_once_each_replay_their_own_tape():
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_threads_decoding_at_once_each_replay_their_own_tape(context):
     """Two threads generate on one enabled model at once, each with its own cache: each
     records and replays a tape of its own (its own outputs) and gets the tokens it gets
     alone."""
@@ -509,7 +536,7 @@ def test_threads_decoding_at_once_each_replay_their_own_tape():
 
     def run(i: int) -> None:
         start.wait()
-        with torch.no_grad():
+        with CONTEXTS[context]():
             together[i] = model.generate(prompts[i], **kw)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
@@ -722,14 +749,15 @@ def test_the_attention_name_alone_is_refused_on_a_model_enable_did_not_patch():
 
 
 @pytest.mark.skipif(SANITIZED, reason="tracing, not memory: left to the plain native suite")
-def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache():
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_torch_compile_runs_the_enabled_forward_with_and_without_the_cache(context):
     """Graph breaks at the mask and cache bookkeeping (Python), the ops stay custom ops.
     Qwen3-MoE: a sparse block (router, experts through ExpertsInterface) and a dense MLP."""
     model = _model("qwen3_moe")
     hf.enable(model, target=TARGET)
     ids, mask = _prompt(True)
     compiled = torch.compile(model)
-    with torch.no_grad():
+    with CONTEXTS[context]():
         for use_cache in (False, True):
             want = model(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
             got = compiled(input_ids=ids, attention_mask=mask, use_cache=use_cache).logits
