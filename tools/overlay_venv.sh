@@ -12,6 +12,10 @@
 #   tools/overlay_venv.sh .venv-demo backends/example backends/native_cpu
 #   tools/overlay_venv.sh --run backends/native_cpu -- python -m pytest -q tests
 #
+# A PKG that is not a folder is a requirement (transformers==5.19.0): it is installed from
+# the registry into the overlay alone, without its dependencies, so that the overlay's
+# release shadows the base's (the oldest transformers CI tests against).
+#
 # BASE_VENV (default .venv) is the base. BASE_PLAIN=1 lists the base's site-packages as a
 # plain path instead of a site dir, so the base's own .pth hooks (its editable tileops)
 # do not run: for a base whose tileops is replaced by the overlay's parent (sanitizers).
@@ -36,8 +40,16 @@ make_overlay() {  # make_overlay DEST PKG...
     echo "import site; site.addsitedir('$base_site')" > "$(site_of "$dest")/_tileops_base.pth"
   fi
   for pkg in "$@"; do
-    # Build with the base venv's tools; install into the overlay only.
-    (cd "$pkg" && "$dest/bin/python" -m pip install -q --no-build-isolation --no-deps -e .)
+    if [ -d "$pkg" ]; then
+      # Build with the base venv's tools; install into the overlay only.
+      (cd "$pkg" && "$dest/bin/python" -m pip install -q --no-build-isolation --no-deps -e .)
+    else
+      if ! log=$("$dest/bin/python" -m pip install -q --no-deps "$pkg" 2>&1); then
+        echo "$log" | grep -v "^WARNING: Location" >&2
+        echo "overlay_venv.sh: could not install $pkg into $dest" >&2
+        exit 1
+      fi
+    fi
   done
 }
 
@@ -45,7 +57,7 @@ if [ "${1:-}" = "--run" ]; then
   shift
   packages=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-    packages+=("$(cd "$1" && pwd)")
+    if [ -d "$1" ]; then packages+=("$(cd "$1" && pwd)"); else packages+=("$1"); fi
     shift
   done
   [ "${1:-}" = "--" ] || { echo "usage: $0 --run PKG... -- CMD..." >&2; exit 2; }
@@ -59,6 +71,8 @@ else
   dest=$1
   shift
   packages=()
-  for pkg in "$@"; do packages+=("$(cd "$pkg" && pwd)"); done
+  for pkg in "$@"; do
+    if [ -d "$pkg" ]; then packages+=("$(cd "$pkg" && pwd)"); else packages+=("$pkg"); fi
+  done
   make_overlay "$(mkdir -p "$(dirname "$dest")" && cd "$(dirname "$dest")" && pwd)/$(basename "$dest")" "${packages[@]}"
 fi
