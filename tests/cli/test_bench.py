@@ -7,6 +7,7 @@ import csv
 import json
 
 import pytest
+from _fake_backends import good
 
 from tileops import cli, manifest
 
@@ -122,3 +123,35 @@ def test_the_eager_baseline_computes_in_the_inputs_dtype_as_a_users_call_does():
     upcast = ref(x)  # outside: float32 math, rounded once
     assert torch.equal(upcast, (torch.nn.functional.silu(gate.float()) * value.float()).bfloat16())
     assert not torch.equal(same, upcast)
+
+
+def test_bench_runs_targets_on_a_device_their_detectors_do_not_claim_and_says_so(
+        site, capsys, tmp_path):
+    # two opt-in backends (detectors claim nothing): one benched, one its baseline
+    site.backend("opt_cpu", good("opt_cpu"))
+    site.backend("opt_base", good("opt_base"))
+    report = tmp_path / "bench.json"
+    assert cli.main(["bench", "opt_cpu", "--device", "cpu", "--baseline", "opt_base", *TINY,
+                     "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    ours = ("not claimed: opt_cpu's detect() answered False for cpu; it runs there because "
+            "the command line names it explicitly, as target='opt_cpu' does in a program")
+    theirs = ("baseline not claimed: opt_base's detect() answered False for cpu; it runs there "
+              "because --baseline names it explicitly")
+    assert ours in out and theirs in out  # the table's lines
+    payload = json.loads(report.read_text())
+    assert payload["claimed"] is False and payload["detector"] is False
+    assert payload["failed"] == 0 and payload["results"]
+    assert all(r["speedup"] > 0 and r["baseline"] == "opt_base" for r in payload["results"])
+    (notes,) = [t["notes"] for t in payload["tables"].values()]
+    assert any(ours in n for n in notes) and any(theirs in n for n in notes)
+
+
+def test_an_unclaimed_target_whose_kernel_raises_fails_bench_with_exit_1(site, capsys):
+    site.backend("opt_cpu", good("opt_cpu").replace(
+        "return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)",
+        "return lambda x, w: (_ for _ in ()).throw(RuntimeError('opt_cpu: no kernel here'))"))
+    assert cli.main(["bench", "opt_cpu", "--device", "cpu", *TINY, "--json"]) == 1
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["claimed"] is False and payload["failed"] == len(payload["results"]) > 0
+    assert all("RuntimeError: opt_cpu: no kernel here" in r["error"] for r in payload["results"])

@@ -61,6 +61,15 @@ def test_doctor_exits_0_when_nothing_is_wrong(site, capsys):
     assert rows(payload, "undeclared_ops") == []
 
 
+def test_doctor_names_a_target_that_claims_no_device_present_and_how_to_run_it(site, capsys):
+    site.backend("acme", good("acme"))  # an opt-in backend: legal, so no problem
+    assert cli.main(["doctor", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["tables"]["detectors"]["notes"]
+    assert ("acme: claims none of the devices present; its ops run only where a program names "
+            "it (target='acme' or set_default_target), and `tileops check acme --device D` "
+            "checks it on D") in notes
+
+
 def test_doctor_counts_a_raising_detector_as_a_problem(site, capsys):
     site.backend("acme", good("acme").replace(
         "lambda device: False", "lambda device: (_ for _ in ()).throw(RuntimeError('no runtime'))"))

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -96,7 +97,9 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", metavar="A,B", help="only these ops (default: every op it registers)")
     parser.add_argument(
         "--device", metavar="D",
-        help="the device to run on (default: the first device present that TARGET claims)",
+        help="the device to run on, claimed by TARGET's detector or not (an explicit target "
+        "skips detection; the output says when it is not claimed); default: the first "
+        "device present that TARGET claims",
     )
     parser.add_argument(
         "--scale", choices=("tiny", "small", "cpu", "full"), default=None,
@@ -106,12 +109,38 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def selection(args: argparse.Namespace) -> tuple[str, list[str], str, str]:
-    """(target, ops, device, scale) from add_selection_options' arguments, each checked."""
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What check and bench run, and on what: add_selection_options' arguments, checked."""
+
+    target: str
+    ops: list[str]
+    device: str
+    scale: str
+    detector: bool | str  # the target's detector's answer for the device (see claims())
+
+    @property
+    def claimed(self) -> bool:
+        return self.detector is True
+
+    def note(self) -> str | None:
+        """The line that says the target runs on a device its detector does not claim."""
+        return None if self.claimed else unclaimed_note(self.target, self.device, self.detector)
+
+    def facts(self) -> dict[str, Any]:
+        """The selection's fields for ``--json``."""
+        return {
+            "target": self.target, "device": self.device, "scale": self.scale,
+            "claimed": self.claimed, "detector": self.detector,
+        }
+
+
+def selection(args: argparse.Namespace) -> Selection:
+    """add_selection_options' arguments, each checked."""
     target = check_target(args.target)
     ops = check_ops(args.ops, target)
-    device = check_device(args.device, target)
-    return target, ops, device, args.scale or default_scale(device)
+    device, detector = check_device(args.device, target)
+    return Selection(target, ops, device, args.scale or default_scale(device), detector)
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
@@ -289,18 +318,39 @@ def claims(target: str, device: Any) -> bool | str:
     return answer if isinstance(answer, bool) else f"returned {answer!r}, not a bool"
 
 
-def check_device(text: str | None, target: str) -> str:
-    """``--device``: a torch device the target's detector claims; default the first
-    present device it claims."""
+def detector_said(answer: bool | str) -> str:
+    """claims()' answer as words: 'answered False', 'raised ...', 'is missing'."""
+    if answer is True or answer is False:
+        return f"answered {answer}"
+    return "is missing (the target registered none)" if answer == "no detector" else answer
+
+
+def unclaimed_note(target: str, device: str, answer: bool | str,
+                   named_by: str = "the command line") -> str:
+    """Why ``target`` runs on ``device`` although its detector does not claim it."""
+    return (
+        f"not claimed: {target}'s detect() {detector_said(answer)} for {device}; it runs there "
+        f"because {named_by} names it explicitly, as target={target!r} does in a program (an "
+        f"explicit target skips detection); device detection alone will not choose {target} "
+        f"on {device}"
+    )
+
+
+def check_device(text: str | None, target: str) -> tuple[str, bool | str]:
+    """``--device`` and the target's detector's answer for it: any torch device that can
+    hold a tensor here, claimed or not (the protocol lets an explicit target serve any
+    device, so an opt-in backend whose detector claims nothing can still be checked);
+    default the first present device the detector claims."""
     import torch
 
     if text is None:
         for name in present_devices():
             if claims(target, torch.device(name)) is True:
-                return name
+                return name, True
         raise UsageError(
             f"target {target!r} claims none of the devices present here "
-            f"({', '.join(present_devices())}); pass --device for the device it serves"
+            f"({', '.join(present_devices())}); expected a detector that claims one, or pass "
+            f"--device D to run it on D anyway (a target named explicitly needs no claim)"
         )
     try:
         device = torch.device(text)
@@ -308,13 +358,19 @@ def check_device(text: str | None, target: str) -> str:
         raise UsageError(
             f"--device: expected a torch device such as 'cpu' or 'cuda:0', got {text!r} ({error})"
         ) from None
-    answer = claims(target, device)
-    if answer is not True:
+    # The detector's answer does not gate an explicit device, so a device absent from this
+    # machine is refused here, once, rather than failing every case with the same error.
+    try:
+        torch.empty(0, device=device)
+    except Exception as error:  # noqa: BLE001 - whatever torch raises means: not usable here
+        # torch's dispatcher errors list every backend: its first line is the news
+        why = re.split(r"(?<=\.)\s", str(error).strip() or "no message", maxsplit=1)[0][:200]
         raise UsageError(
-            f"--device: target {target!r} does not claim device {str(device)!r} (its detector "
-            f"answered {answer!r}); expected a device it serves"
-        )
-    return str(device)
+            f"--device: expected a device present on this machine ({', '.join(present_devices())}"
+            f" or one a backend's runtime provides), got {str(device)!r}, which cannot hold a "
+            f"tensor here ({type(error).__name__}: {why}); pass a device that is present"
+        ) from None
+    return str(device), claims(target, device)
 
 
 def default_scale(device: str) -> str:

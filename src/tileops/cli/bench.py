@@ -30,9 +30,11 @@ from ._common import (
     UsageError,
     add_json_option,
     add_selection_options,
+    claims,
     dtype_name,
     report,
     selection,
+    unclaimed_note,
 )
 
 
@@ -163,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     from ..testing import harness, references
     from . import _profile
 
-    target, ops, device, scale = selection(args)
+    chosen = selection(args)
+    target, ops, device, scale = chosen.target, chosen.ops, chosen.device, chosen.scale
     _check_plot(args.plot)
     if args.rounds < 1 or not args.min_time > 0:
         raise UsageError(f"--rounds and --min-time must be positive, got {args.rounds}, {args.min_time}")
@@ -194,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     with references.in_input_dtype():
         _bench(cases, target, args, profile, progress, results)
     table = _table(target, device, scale, args.baseline, profile, results)
+    notes = [chosen.note(), _baseline_note(args.baseline, device)]
+    table.notes[:0] = [n for n in notes if n]
     if args.csv:
         _write_csv(args.csv, target, device, results)
     if args.plot:
@@ -203,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
         table.notes.append(f"CSV written to {args.csv}")
     failed = sum("error" in r for r in results)
     report(args, [table], {
-        "target": target, "device": device, "scale": scale, "baseline": args.baseline,
+        **chosen.facts(), "baseline": args.baseline,
         "profile": None if profile is None else {
             "name": profile.name, "source": profile.source, "path": profile.path,
             "bandwidth_gbps": profile.bandwidth, "peak_gflops": profile.peak_gflops,
@@ -212,6 +217,18 @@ def run(args: argparse.Namespace) -> int:
         "results": results,
     })
     return 1 if failed else 0
+
+
+def _baseline_note(baseline: str, device: str) -> str | None:
+    """A baseline target runs on ``device`` as TARGET does: named, claimed or not."""
+    import torch
+
+    if baseline in ("eager", "compile"):
+        return None
+    answer = claims(baseline, torch.device(device))
+    if answer is True:
+        return None
+    return "baseline " + unclaimed_note(baseline, device, answer, named_by="--baseline")
 
 
 def _bench(cases: list, target: str, args: argparse.Namespace, profile: Any, progress: Progress,

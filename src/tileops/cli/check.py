@@ -42,23 +42,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..testing import harness
 
-    target, ops, device, scale = selection(args)
-    cases = harness.cases(target, device=device, scale=scale, ops=ops)
+    chosen = selection(args)
+    target, device = chosen.target, chosen.device
+    cases = harness.cases(target, device=device, scale=chosen.scale, ops=chosen.ops)
     if not cases:
-        raise UsageError(f"the manifest gives no workload for {', '.join(ops)}")
+        raise UsageError(f"the manifest gives no workload for {', '.join(chosen.ops)}")
     progress = Progress("check", len(cases))
     outcomes = []
     for case in cases:
         outcomes.append(harness.measure(case))
         progress.step(str(case))
-    table = summarise(target, device, scale, outcomes)
+    table = summarise(target, device, chosen.scale, outcomes)
+    if chosen.note():
+        table.notes.insert(0, chosen.note())
     if args.junit:
         write_junit(args.junit, target, outcomes)
     failed = sum(not o.passed for o in outcomes)
-    report(args, [table], {
-        "target": target, "device": device, "scale": scale,
-        "cases": len(outcomes), "failed": failed,
-    })
+    report(args, [table], {**chosen.facts(), "cases": len(outcomes), "failed": failed})
     return 1 if failed else 0
 
 

@@ -103,6 +103,14 @@ def run(args: argparse.Namespace) -> int:
                 problems += 1  # a detector must return a bool and never raise
             answers.append("yes" if answer is True else "no" if answer is False else answer)
         detectors.add(target, *answers)
+    for row in detectors.rows:
+        # Legal (an opt-in backend), but the likeliest answer to "why is it not picked up".
+        if "yes" not in row[1:]:
+            detectors.notes.append(
+                f"{row[0]}: claims none of the devices present; its ops run only where a "
+                f"program names it (target={row[0]!r} or set_default_target), and "
+                f"`tileops check {row[0]} --device D` checks it on D"
+            )
     for name in devices:
         claimants = [row[0] for row in detectors.rows if row[1 + devices.index(name)] == "yes"]
         if len(claimants) > 1:
