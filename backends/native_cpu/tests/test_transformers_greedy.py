@@ -19,8 +19,8 @@ from test_transformers_integration import SANITIZED, TARGET, _cache_kw, _model, 
 
 from tileops.integrations.transformers import _generate  # noqa: E402
 
-PLAIN = ["llama", "mistral", "qwen2", "qwen3"]  # the causal LMs whose decode step replays whole
-# (the sanitizer job runs Llama's: the search's own code is the same for all four, and
+PLAIN = ["llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"]  # the causal LMs whose decode step replays whole
+# (the sanitizer job runs Llama's: the search's own code is the same for all, and
 # test_transformers_integration.py's sanitized subset reaches the others' kernels)
 SEARCHED = PLAIN[:1] if SANITIZED else PLAIN
 NEW = 12

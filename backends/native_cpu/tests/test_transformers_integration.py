@@ -65,13 +65,38 @@ def _config(arch: str, **extra):
     if arch == "qwen3_moe":  # layer 0 a sparse block (8 experts, top 2, renormalised), layer 1 a dense MLP
         return c.Qwen3MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                                    "norm_topk_prob": True, "mlp_only_layers": [1], **extra})
+    if arch == "phi3":  # stacked qkv_proj and gate_up_proj; half of each head rotates
+        return c.Phi3Config(**{**COMMON, **TOKENS, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                                      "partial_rotary_factor": 0.5}, **extra})
+    if arch == "phi3_longrope":  # LongRoPE on half of each head (long factors past position 16), a window of 8
+        return c.Phi3Config(**{**COMMON, **TOKENS, "original_max_position_embeddings": 16, "sliding_window": 8,
+                               "rope_parameters": PHI3_LONGROPE, **extra})
+    if arch == "mixtral":
+        # every layer a sparse block (float32 routing weights, always renormalised). The second
+        # layer's routing reads the first's rounding, and with random weights a token's k-th and
+        # k+1-th experts can be a rounding apart: every expert weighs in (top 4 of 4), so the
+        # reference has no such choice to flip. The selection itself is tested on the router
+        # alone (test_the_router_selects_and_weighs_as_transformers_router_ties_included).
+        return c.MixtralConfig(**{**COMMON, "num_local_experts": 4, "num_experts_per_tok": 4, **extra})
+    if arch == "qwen2_moe":  # layer 0 a sparse block with a shared expert and its sigmoid gate, layer 1 a dense MLP
+        return c.Qwen2MoeConfig(**{**COMMON, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                   "shared_expert_intermediate_size": 64, "norm_topk_prob": False,
+                                   "mlp_only_layers": [1], **extra})
+    if arch == "granite":  # its four multipliers
+        return c.GraniteConfig(**{**COMMON, **TOKENS, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                                  "attention_multiplier": 0.2, "logits_scaling": 8.0, **extra})
+    if arch == "olmo2":  # norms after attention and the MLP, q/k norms over whole projections
+        return c.Olmo2Config(**{**COMMON, **TOKENS, **extra})
     raise KeyError(arch)
 
 
 LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 4.0,
             "short_factor": [1.0 + 0.1 * i for i in range(8)], "long_factor": [1.0 + 0.9 * i for i in range(8)]}
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                 "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 3.0, 4.0, 5.0]}
+TOKENS = dict(bos_token_id=1, eos_token_id=2)  # within the vocabulary of 128, as Llama's defaults are
 ARCHS = ["llama", "llama31", "llama_yarn", "llama_linear", "llama_longrope", "mistral", "qwen2", "qwen3", "gemma3",
-         "qwen3_moe"]
+         "qwen3_moe", "phi3", "phi3_longrope", "mixtral", "qwen2_moe", "granite", "olmo2"]
 # The sanitizer job (tools/sanitize.sh, which sets ASAN_OPTIONS) runs the per-architecture
 # tests on the configs that between them reach every kernel and every kind of call the ten
 # make (Llama 3.1's and LongRoPE's RoPE ops, Qwen2's bias, Qwen3's q/k norm, Gemma 3's
@@ -81,7 +106,12 @@ SANITIZED = "ASAN_OPTIONS" in os.environ
 if SANITIZED:
     ARCHS = ["llama31", "llama_longrope", "qwen2", "qwen3", "gemma3", "qwen3_moe"]
 # what enable replaces on these 2-layer configs, where it is not 2 attentions, 2 gated MLPs, 2 x 7 + 1 linears
-COUNTS = {"qwen3_moe": {"mlp": 1, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 1}}
+# (Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj; Qwen2-MoE: a dense MLP, then a shared expert
+# and its gate beside the routed experts)
+COUNTS = {"qwen3_moe": {"mlp": 1, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 1},
+          "phi3": {"linear": 2 * 4 + 1}, "phi3_longrope": {"linear": 2 * 4 + 1},
+          "mixtral": {"mlp": 0, "moe experts": 2, "moe router": 2, "linear": 2 * 4 + 1},
+          "qwen2_moe": {"mlp": 2, "moe experts": 1, "moe router": 1, "linear": 2 * 4 + 3 + 3 + 1 + 1}}
 
 
 def _model(arch: str, dtype: torch.dtype = torch.bfloat16, **extra):
@@ -431,7 +461,7 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
     _close(steps, ref_steps, torch.bfloat16, f"{arch} decode after growth")
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "granite", "olmo2"])
 def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch, monkeypatch):
     """Decode steps replayed from a native_cpu kernel tape (_replay.py) give the logits of
     the same steps run by the fused loop, bit for bit: 40 steps over page boundaries, a
@@ -451,15 +481,16 @@ def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch,
     assert replay.replays >= 60 and not replay.refused
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "granite", "olmo2"])
 def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bits(arch):
-    """Llama, Mistral and Qwen2/3's causal LMs serve a decode step whole (_patch.py): the
-    layers and lm_head replay as one tape, giving the logits of transformers' forward, to
-    which a hook on lm_head sends the step (bit for bit, a left-padded batch). Gemma 3 caps
-    its logits after the head and keeps transformers' forward; disable removes the patch."""
+    """Llama, Mistral, Qwen2/3, Phi-3 and OLMo 2's causal LMs serve a decode step whole
+    (_patch.py): the layers and lm_head replay as one tape, giving the logits of
+    transformers' forward, to which a hook on lm_head sends the step (bit for bit, a
+    left-padded batch). Gemma 3 caps its logits after the head and Granite scales them:
+    they keep transformers' forward over replayed layers; disable removes the patch."""
     model = _model(arch)
     report = hf.enable(model, target=TARGET)
-    plain = arch != "gemma3"
+    plain = arch not in ("gemma3", "granite")
     assert report.count("causal LM decode step") == plain
     ids, mask = _prompt(True)
     whole = _teacher_forced(model, ids, mask, steps=4)
@@ -584,18 +615,14 @@ def test_a_float32_model_is_refused_with_the_dtype_to_load_with():
     assert "forward" not in model.model.layers[0].self_attn.__dict__  # nothing was patched
 
 
-def test_an_unknown_architecture_and_other_moe_architectures_are_refused_by_name():
+def test_an_unknown_architecture_is_refused_by_name():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(hf.UnsupportedModelError, match="GPT2LMHeadModel: architecture"):
         hf.enable(gpt2.to(torch.bfloat16).eval())
-    moe = dict(COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
-    qwen2 = transformers.Qwen2MoeConfig(**moe, shared_expert_intermediate_size=48)
-    with pytest.raises(hf.UnsupportedModelError,
-                       match=r"Qwen2MoeForCausalLM: mixture-of-experts blocks with shared experts .*=48\)"):
-        hf.enable(transformers.AutoModelForCausalLM.from_config(qwen2).to(torch.bfloat16).eval())
-    mixtral = transformers.MixtralConfig(**{k: v for k, v in COMMON.items()}, num_local_experts=4)
-    with pytest.raises(hf.UnsupportedModelError, match=r"MixtralForCausalLM: .*float32.*router_jitter_noise=0.0"):
-        hf.enable(transformers.AutoModelForCausalLM.from_config(mixtral).to(torch.bfloat16).eval())
+    phi2 = transformers.PhiForCausalLM(transformers.PhiConfig(**{k: COMMON[k] for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")}))
+    with pytest.raises(hf.UnsupportedModelError, match="PhiForCausalLM: architecture"):
+        hf.enable(phi2.to(torch.bfloat16).eval())
 
 
 def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_lists_it():
@@ -792,12 +819,22 @@ def test_a_cache_of_another_class_with_tokens_in_it_is_refused():
 # ---- Qwen3-MoE: the router and the experts ----------------------------------------------
 
 
-@pytest.mark.parametrize("norm_topk_prob", [True, False])
-def test_the_router_selects_and_weighs_as_transformers_router_ties_included(norm_topk_prob):
-    """FusedTopKOp against Qwen3MoeTopKRouter's own forward: the same ids, and the same
-    bfloat16 weights (renormalised or not). Experts 3 and 5 have the same router row, so
-    their logits tie on every token: where they meet at the k-th place, the pick is torch.topk's."""
-    model = _model("qwen3_moe", norm_topk_prob=norm_topk_prob)
+ROUTERS = {  # (arch, config changes, renormalised, the weights' dtype)
+    "qwen3-renormalised": ("qwen3_moe", {"norm_topk_prob": True}, True, torch.bfloat16),
+    "qwen3": ("qwen3_moe", {"norm_topk_prob": False}, False, torch.bfloat16),
+    "qwen2": ("qwen2_moe", {}, False, torch.bfloat16),
+    "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, True, torch.float32),
+}
+
+
+@pytest.mark.parametrize("router_kind", list(ROUTERS))
+def test_the_router_selects_and_weighs_as_transformers_router_ties_included(router_kind):
+    """FusedTopKOp against the router's own forward (Qwen3-MoE's, Qwen2-MoE's, Mixtral's):
+    the same ids, and the same weights (renormalised or not; bfloat16, or float32 for
+    Mixtral). Experts 3 and 5 have the same router row, so their logits tie on every token:
+    where they meet at the k-th place, the pick is torch.topk's."""
+    arch, extra, renormalised, dtype = ROUTERS[router_kind]
+    model = _model(arch, **extra)
     router = model.model.layers[0].mlp.gate
     with torch.no_grad():
         router.weight[5] = router.weight[3]
@@ -806,17 +843,17 @@ def test_the_router_selects_and_weighs_as_transformers_router_ties_included(norm
         want_logits, want_w, want_ids = type(router).forward(router, x)
         report = hf.enable(model, target=TARGET)
         logits, w, ids = router(x)
-    assert report.count("moe router") == 1 and "forward" in router.__dict__
+    assert report.count("moe router") >= 1 and "forward" in router.__dict__
     one_of_the_pair = (want_ids == 3).any(1) ^ (want_ids == 5).any(1)  # the tie sits at the k-th place
     assert int(one_of_the_pair.sum()) >= 3, "no tie at the k-th place: the test checked nothing"
-    assert ids.dtype == want_ids.dtype and w.dtype == want_w.dtype == torch.bfloat16
+    assert ids.dtype == want_ids.dtype and w.dtype == want_w.dtype == dtype
     # the same experts with the same weights (two tied ones both chosen may come in either order)
     mine, theirs = ids.sort(1), want_ids.sort(1)
     assert torch.equal(mine.values, theirs.values)
     torch.testing.assert_close(logits, want_logits, rtol=0.02, atol=0.02)
     torch.testing.assert_close(w.gather(1, mine.indices).float(), want_w.gather(1, theirs.indices).float(),
                                rtol=2**-8, atol=0)  # at most one bfloat16 step
-    if norm_topk_prob:
+    if renormalised:
         torch.testing.assert_close(w.float().sum(1), torch.ones(64), rtol=0.01, atol=0)
 
 

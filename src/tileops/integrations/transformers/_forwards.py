@@ -43,7 +43,8 @@ def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
         gate_up = st.gate_up(x2.contiguous())
     else:
-        gate_up = torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1)  # [M, 2I]: gate | value
+        gate_up = self.gate_up_proj(x2) if hasattr(self, "gate_up_proj") else (
+            torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1))  # [M, 2I]: gate | value
     return self.down_proj(st.act(gate_up)).view(*x.shape[:-1], -1)
 
 
@@ -87,17 +88,20 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
             "past_key_values= before transformers 5.24)"
         )
     dim, rows = self.head_dim, x.shape[0]
-    # A batch's decode step runs each projection on its own (over its rows of the stacked
-    # weight, when stacked): sliced from one output, q, k and v are strided when there are
+    # A batch's decode step runs each projection on its own (a GEMM over its rows of the
+    # stacked weight): sliced from one output, q, k and v are strided when there are
     # several rows and would be copied for RoPE between the kernels, which keeps the step
     # from being replayed (_replay.py).
-    if getattr(st, "qkv", None) is not None and (rows == 1 or q_len > 1):  # one GEMM (_fusion.py)
-        nq, nk, _ = st.qkv.sizes
-        heads = st.qkv(x).view(rows, -1, dim)
-        q, k, v = heads[:, : nq // dim], heads[:, nq // dim : (nq + nk) // dim], heads[:, (nq + nk) // dim :]
+    if st.qkv is not None and (rows == 1 or q_len > 1):  # one GEMM (_fusion.py)
+        q, k, v = st.qkv(x).split(st.qkv.sizes, dim=-1)
+    elif st.qkv is not None:
+        q, k, v = st.qkv.parts(x)
     else:
-        q, k, v = (p(x).view(rows, -1, dim) for p in (self.q_proj, self.k_proj, self.v_proj))
-    if st.qk_norm:
+        q, k, v = (p(x) for p in (self.q_proj, self.k_proj, self.v_proj))
+    if st.qk_norm == "projection":  # OLMo 2: over each token's whole projection, before the heads
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = (t.view(rows, -1, dim) for t in (q, k, v))
+    if st.qk_norm == "head":  # Qwen3, Gemma 3: per head
         q, k = self.q_norm(q), self.k_norm(k)
     q, k = st.rope(q, pos), st.rope(k, pos)
     split = lambda t: t.view(batch, q_len, t.shape[1], dim)  # noqa: E731  (rows b * S + s: always a view)

@@ -44,7 +44,7 @@ from ._attention import padding_mask
 from ._cache import TileopsCache
 from ._compat import cache_field, pop_cache
 from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
-from ._fusion import norm_eps, norm_weight
+from ._fusion import ResidualJoin
 from ._replay import DecodeReplay, replay_wanted
 
 __all__ = ["FusedModel", "output_class", "plan_fused_model"]
@@ -57,10 +57,11 @@ _KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_c
 class FusedModel:
     """The fused forward of one base model (``model.model``)."""
 
-    def __init__(self, base: nn.Module, layers: list[nn.Module], into: list[Any], gated: list[bool],
+    def __init__(self, base: nn.Module, layers: list[nn.Module], joins: list[ResidualJoin], gated: list[bool],
                  layer_types: list[str] | None) -> None:
         self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
-        self.into = into  # per layer: (FusedAddRMSNormFwdOp, the norm module) of the norm its output goes into
+        self.joins = joins  # per layer: its output's residual add and the norm that reads it (the next layer's or the final)
+        self.embedding_multiplier = float(getattr(base, "embedding_multiplier", 1.0))  # Granite's
         self.output = output_class(base)
         self.cache_field = cache_field(self.output)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
@@ -123,6 +124,8 @@ class FusedModel:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         h = self.base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.embedding_multiplier != 1.0:
+            h = h * self.embedding_multiplier
         if position_ids is None:
             if cache_position is not None:
                 position_ids = cache_position.unsqueeze(0)
@@ -139,21 +142,21 @@ class FusedModel:
     def layers_forward(self, residual: torch.Tensor, pos: torch.Tensor, masks: list[torch.Tensor | None], cache: Any,
                        batch: int, q_len: int) -> torch.Tensor:
         """The decoder layers and the final norm on the embeddings as rows ``[B * S, hidden]``."""
-        x = rmsnorm_forward(self.layers[0].input_layernorm, residual)
+        first = self.layers[0]._tileops.before_attention
+        x = residual if first is None else rmsnorm_forward(first, residual)
         for i, layer in enumerate(self.layers):
             st, attn = layer._tileops, layer.self_attn
             a = linear_rows(attn.o_proj, attention_rows(attn, x, batch, q_len, pos, masks[i], cache))
-            if st.sandwich:
-                a = rmsnorm_forward(layer.post_attention_layernorm, a)
-            x, residual = st.add_norm(a, residual, norm_weight(st.norm2))
+            if st.after_attention is not None:
+                a = rmsnorm_forward(st.after_attention, a)
+            x, residual = st.mid(a, residual)
             if self.gated[i]:
                 m = mlp_rows(layer.mlp, x)
             else:  # a sparse MoE block: its own forward routes the tokens, as rows of one sequence
                 m = layer.mlp.forward(x.view(1, x.shape[0], -1)).view(x.shape[0], -1)
-            if st.sandwich:
-                m = rmsnorm_forward(layer.post_feedforward_layernorm, m)
-            add_norm, into = self.into[i]
-            x, residual = add_norm(m, residual, norm_weight(into))
+            if st.after_mlp is not None:
+                m = rmsnorm_forward(st.after_mlp, m)
+            x, residual = self.joins[i](m, residual)
         return x
 
     def _masks(self, attention_mask: Any, q_len: int) -> list[torch.Tensor | None]:
@@ -180,15 +183,11 @@ def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers
                      and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None)
         if not _served(layer.self_attn.o_proj) or not gated[-1] and "_tileops" in mlp.__dict__:
             return None
-    made: dict[float, Any] = {}
-    into = []
-    for following in [layer.input_layernorm for layer in layers[1:]] + [norm]:
-        eps = norm_eps(following)
-        if eps not in made:
-            made[eps] = ops.FusedAddRMSNormFwdOp(eps, target=target)
-        into.append((made[eps], following))
+    joins = []
+    for layer, following in zip(layers, [layer._tileops.before_attention for layer in layers[1:]] + [norm]):
+        joins.append(ResidualJoin(following, layer._tileops.scale, ops, target))
     layer_types = getattr(config, "layer_types", None)
-    return FusedModel(base, layers, into, gated, list(layer_types)[: len(layers)] if layer_types else None)
+    return FusedModel(base, layers, joins, gated, list(layer_types)[: len(layers)] if layer_types else None)
 
 
 def _served(linear: Any) -> bool:

@@ -121,6 +121,10 @@ def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any
         return "a transformers whose generate helpers _greedy does not know"
     if any(type(c) is EosTokenCriteria for c in stopping_criteria) and generation_config._pad_token_tensor is None:
         return "end-of-sequence ids without a pad token"
+    boundary = _cache_recomputed_at(model)
+    if boundary is not None and max(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria) > boundary:
+        return (f"a generation past original_max_position_embeddings={boundary}, where "
+                f"{type(model).__name__}.prepare_inputs_for_generation recomputes the cache")
     embed = model.get_input_embeddings()
     if type(embed) is not nn.Embedding or embed._forward_hooks or embed._forward_pre_hooks:
         return "an input embedding other than a plain nn.Embedding"
@@ -132,13 +136,28 @@ def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any
     return None
 
 
+def _cache_recomputed_at(model: nn.Module) -> int | None:
+    """The sequence length past which the model's own prepare_inputs_for_generation drops
+    its cache to recompute the prompt (Phi-3's, switching LongRoPE's factors there), or
+    None: a loop in C++ would go on with the cache."""
+    from transformers.generation.utils import GenerationMixin  # noqa: PLC0415
+
+    boundary = getattr(model.config, "original_max_position_embeddings", None)
+    overridden = type(model).prepare_inputs_for_generation is not GenerationMixin.prepare_inputs_for_generation
+    return int(boundary) if overridden and boundary is not None else None
+
+
 @functools.cache
 def _loop_helpers_known(cls: type) -> bool:
     """Whether ``cls`` has the helpers of transformers' ``_sample`` that ``_greedy`` calls,
     with the arguments it passes (transformers 5.24's)."""
     def takes(name: str, *params: str) -> bool:
         fn = getattr(cls, name, None)
-        return fn is not None and all(p in inspect.signature(fn).parameters for p in params)
+        if fn is None:
+            return False
+        signature = inspect.signature(fn).parameters
+        passes_on = any(p.kind is p.VAR_KEYWORD for p in signature.values())  # an override handing them on (Phi-3's)
+        return all(p in signature or passes_on for p in params)
 
     return (takes("_prefill", "input_ids", "generation_config", "model_kwargs", "is_first_iteration")
             and takes("prepare_inputs_for_generation", "next_sequence_length")

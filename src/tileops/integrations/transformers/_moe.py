@@ -23,6 +23,7 @@ and called with the routing: ``(hidden_states [T, H], top_k_index [T, K], top_k_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,10 +41,29 @@ except ImportError:  # pragma: no cover
 
 NAME = "tileops"
 
-# router class -> what its forward computes (softmax, top-k, optional renormalisation,
-# weights cast to the logits' dtype); only routers known to compute exactly that are served
-_ROUTERS = {"Qwen3MoeTopKRouter"}
-_BLOCKS = {"Qwen3MoeSparseMoeBlock"}  # gate + experts, nothing else (no shared expert)
+@dataclass(frozen=True)
+class _RouterRule:
+    """What a router's forward computes after its logits: softmax in float32, top-k, then
+    renormalisation over the k (always, or as its ``norm_topk_prob`` says) and the weights
+    cast to the logits' dtype or kept in float32."""
+
+    always_renormalize: bool
+    weights_in_logits_dtype: bool
+
+
+# only routers known to compute exactly that are served
+_ROUTERS = {
+    "Qwen3MoeTopKRouter": _RouterRule(always_renormalize=False, weights_in_logits_dtype=True),
+    "Qwen2MoeTopKRouter": _RouterRule(always_renormalize=False, weights_in_logits_dtype=True),
+    "MixtralTopKRouter": _RouterRule(always_renormalize=True, weights_in_logits_dtype=False),
+}
+# sparse blocks -> what they hold beside the router and the experts (each served as any
+# module of its kind is); the block's own forward combines them
+_BLOCKS = {
+    "Qwen3MoeSparseMoeBlock": (),
+    "MixtralSparseMoeBlock": (),
+    "Qwen2MoeSparseMoeBlock": ("shared_expert", "shared_expert_gate"),  # a gated MLP and its sigmoid gate
+}
 _ACTS = {"silu": "silu_and_mul", "gelu": "gelu_and_mul"}  # the experts' act_fn -> FusedMoeFwdOp activation
 _F32_MIN = torch.finfo(torch.float32).min
 
@@ -56,7 +76,7 @@ def _pow2(n: int) -> int:
 
 
 def router_forward(self: nn.Module, hidden_states: torch.Tensor):
-    """``Qwen3MoeTopKRouter.forward`` on tileops: (logits, weights in the logits' dtype, int64 ids)."""
+    """A served router's forward on tileops (``_ROUTERS``): (logits, weights, int64 ids)."""
     st = self._tileops
     x = hidden_states.reshape(-1, self.hidden_dim).contiguous()
     logits = st.gemm(x, self.weight)  # [T, E], x's dtype (F.linear's)
@@ -64,7 +84,7 @@ def router_forward(self: nn.Module, hidden_states: torch.Tensor):
     ids = ids.long()
     if logits.shape[0]:
         weights, ids = _ties_as_transformers(logits, weights, ids, st.renormalize)
-    return logits, weights.to(logits.dtype), ids
+    return logits, weights.to(logits.dtype) if st.weights_in_logits_dtype else weights, ids
 
 
 def _ties_as_transformers(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, renormalize: bool):
@@ -134,10 +154,7 @@ def plan(model: nn.Module, config: Any, plan: Any, ops: Any, memo: Any) -> None:
         if not cls.endswith("SparseMoeBlock"):
             continue
         if cls not in _BLOCKS:
-            extra = [n for n in ("shared_expert", "shared_experts") if hasattr(block, n)]
-            why = (f"shared experts (config shared_expert_intermediate_size="
-                   f"{getattr(config, 'shared_expert_intermediate_size', None)})") if extra else f"{cls}"
-            plan.refuse(name, "mixture-of-experts block", f"{why}: not served")
+            plan.refuse(name, "mixture-of-experts block", f"{cls}: a block whose pieces tileops does not know")
             continue
         router, experts = block.gate, block.experts
         rcls = type(router).__name__
@@ -154,9 +171,14 @@ def plan(model: nn.Module, config: Any, plan: Any, ops: Any, memo: Any) -> None:
             continue
         num_experts, top_k = int(router.num_experts), int(router.top_k)
         hidden, ffn = int(experts.hidden_dim), int(experts.intermediate_dim)
-        renormalize = bool(router.norm_topk_prob)
+        rule = _ROUTERS[rcls]
+        renormalize = rule.always_renormalize or bool(router.norm_topk_prob)
         act = _ACTS[config.hidden_act]
+        if _BLOCKS[cls]:
+            plan.report.on_torch.append((name, "the shared expert's sigmoid gate and weighted add",
+                                         "torch (the shared expert and its gate's projection run on tileops)"))
         plan.add("moe router", f"{name}.gate", router, router_forward, renormalize=renormalize,
+                 weights_in_logits_dtype=rule.weights_in_logits_dtype,
                  gemm=ops.GemmFwdOp(False, True, target=target),
                  topk=ops.FusedTopKOp(num_experts=num_experts, top_k=top_k, scoring_func="softmax",
                                       renormalize=renormalize, target=target))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,18 +41,20 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Phi3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
 )
-# Other MoE architectures, and what in them is not served
-_MOE = {
-    "Qwen2MoeForCausalLM": "shared experts with a sigmoid gate "
-                           "(config shared_expert_intermediate_size={shared_expert_intermediate_size})",
-    "MixtralForCausalLM": "MixtralTopKRouter, not served yet (float32 routing weights, "
-                          "config router_jitter_noise={router_jitter_noise})",
-}
+# attention classes that take their window from the config (the others keep it as
+# module.sliding_window, set on their sliding layers only)
+_WINDOW_FROM_CONFIG = {"MistralAttention", "Phi3Attention", "MixtralAttention"}
 _GATED_ACTS = {"silu": "SiluAndMulFwdOp", "gelu_pytorch_tanh": "GeluTanhAndMulFwdOp"}
 _RMSNORMS = {  # class name -> the weight is used as w (False) or as 1 + w (True)
     "LlamaRMSNorm": False, "MistralRMSNorm": False, "Qwen2RMSNorm": False, "Qwen3RMSNorm": False,
-    "Qwen3MoeRMSNorm": False, "Gemma3RMSNorm": True,
+    "Qwen3MoeRMSNorm": False, "Gemma3RMSNorm": True, "Phi3RMSNorm": False, "MixtralRMSNorm": False,
+    "Qwen2MoeRMSNorm": False, "GraniteRMSNorm": False, "Olmo2RMSNorm": False,
 }
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -108,8 +111,9 @@ def _base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
 
 # Causal LMs whose forward is the base model, logits_to_keep's slice and lm_head, and a loss
 # only with labels: a decode step of theirs can be served whole (_causal_lm_forward_like).
-# (Gemma 3 caps its logits after the head; Qwen3-MoE's base model does not replay.)
-_PLAIN_CAUSAL_LMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# (Gemma 3 caps its logits after the head, Granite scales them; MoE base models do not replay.)
+_PLAIN_CAUSAL_LMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+                     "Olmo2ForCausalLM")
 
 
 def _causal_lm_forward_like(cls_forward: Any) -> Any:
@@ -196,64 +200,83 @@ def _rope_op(config: Any, module: nn.Module, name: str, plan: _Plan):
     params = _rope_params(config, module)
     rope_type = params.get("rope_type", "default")
     base = float(params.get("rope_theta", 10000.0))
-    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
-    # The served architectures' default RoPE ignores partial_rotary_factor (its table covers
-    # the whole head), so the whole head rotates there, as in transformers. Scaled types
-    # build a partial table, which their apply_rotary_pos_emb cannot apply: no reference.
-    if partial != 1.0 and rope_type != "default":
-        plan.refuse(name, "partial rotary embedding",
-                    f"rope_parameters partial_rotary_factor={partial} with rope_type={rope_type!r}: transformers' "
-                    f"{type(module).__name__} rotates the whole head and fails on the partial table")
+    served = ("default", "dynamic", "linear", "longrope", "llama3", "yarn")
+    if rope_type not in served:
+        plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} "
+                    f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)")
         return None, 1.0
-    dim = module.head_dim
+    # transformers' own frequencies say how many channels of a head rotate: a model whose
+    # default RoPE honours partial_rotary_factor (Phi-3) builds a table for fewer than
+    # head_dim channels, one that ignores it (Llama) a whole one
+    inv_freq, gain = _transformers_rope(config, module, rope_type, plan.model)
+    dim = 2 * inv_freq.numel()
+    if dim != module.head_dim and not _rotates_part_of_a_head(module):
+        plan.refuse(name, "partial rotary embedding",
+                    f"rope_parameters partial_rotary_factor={params.get('partial_rotary_factor')} with "
+                    f"rope_type={rope_type!r}: transformers' {type(module).__name__} rotates the whole head and fails "
+                    "on the partial table")
+        return None, 1.0
     common = dict(rotary_dim=dim, target=plan.target)
     max_position = int(config.max_position_embeddings)
+    # the ops' own attention factors stay 1 (max_position_embeddings == original): transformers'
+    # factor on cos and sin multiplies q and k alike, so it goes into the attention scale squared
+    scaled = dict(max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common)
     if rope_type in ("default", "dynamic"):
         # dynamic NTK keeps the default frequencies while positions stay below
         # max_position_embeddings; past it the call raises (the scaled frequencies are not served)
         return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common), 1.0
     if rope_type == "linear":  # every frequency divided by factor: LongRoPE's per-frequency factors, all equal
-        factor = float(params["factor"])
-        return ops.RopeLongRopePositionIdsFwdOp(
-            max_position, base, rescale_factors=[factor] * (dim // 2), max_position_embeddings=max_position,
-            original_max_position_embeddings=max_position, **common), 1.0
+        return ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(params["factor"])] * (dim // 2),
+                                                **scaled), 1.0
     if rope_type == "longrope":
-        # the factor on cos and sin (attention_factor, or transformers' default from factor)
-        # multiplies q and k alike: it is folded into the attention scale as its square
-        _, gain = _transformers_rope(config, module, "longrope")
-        kw = dict(max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common)
         short, long = (ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(f) for f in params[k]],
-                                                        **kw) for k in ("short_factor", "long_factor"))
+                                                        **scaled) for k in ("short_factor", "long_factor"))
         return _LongRope(short, long, int(params["original_max_position_embeddings"])), gain
     if rope_type == "llama3":
         return ops.RopeLlama31PositionIdsFwdOp(
             max_position, base, scale_factor=float(params["factor"]),
             low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]),
             original_max_position=int(params["original_max_position_embeddings"]), **common), 1.0
-    if rope_type == "yarn":
-        # transformers' YaRN (correction dims over the whole rotary dim, interpolation f / factor)
-        # is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)): its own
-        # frequencies, as LongRoPE per-frequency factors, and its attention factor folded
-        # into the attention scale
-        inv_freq, gain = _transformers_rope(config, module, "yarn")
-        half = dim // 2
-        plain = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
-        return ops.RopeLongRopePositionIdsFwdOp(
-            max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(),
-            max_position_embeddings=max_position, original_max_position_embeddings=max_position, **common), gain
-    plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} "
-                f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)")
-    return None, 1.0
+    # yarn: transformers' YaRN (correction dims over the whole rotary dim, interpolation f /
+    # factor) is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)):
+    # its own frequencies, as LongRoPE per-frequency factors
+    plain = 1.0 / (base ** (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2)))
+    return ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(),
+                                            **scaled), gain
 
 
-def _transformers_rope(config: Any, module: nn.Module, rope_type: str) -> tuple[torch.Tensor, float]:
-    """transformers' own (inverse frequencies, factor on cos and sin) for this layer."""
+def _transformers_rope(config: Any, module: nn.Module, rope_type: str, model: nn.Module) -> tuple[torch.Tensor, float]:
+    """transformers' own (inverse frequencies, factor on cos and sin) for this layer: the
+    model's rotary embedding's default, or the scaled type's init function."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: PLC0415
 
     layer_type = getattr(module, "layer_type", None)
     per_layer = "rope_type" not in (config.rope_parameters or {}) and layer_type is not None
-    inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **({"layer_type": layer_type} if per_layer else {}))
+    kw = {"layer_type": layer_type} if per_layer else {}
+    if rope_type == "default":
+        rotary = next((type(m) for m in model.modules() if hasattr(type(m), "compute_default_rope_parameters")), None)
+        if rotary is None:  # no rotary embedding of its own: the whole head, at the plain frequencies
+            return 1.0 / (config.rope_parameters.get("rope_theta", 10000.0)
+                          ** (torch.arange(0, module.head_dim, 2, dtype=torch.float32) / module.head_dim)), 1.0
+        inv_freq, gain = rotary.compute_default_rope_parameters(config, device=None, **kw)
+    else:
+        inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **kw)
     return inv_freq.float(), float(gain)
+
+
+def _rotates_part_of_a_head(attention: nn.Module) -> bool:
+    """Whether the attention's modeling module applies a rotary table narrower than a head
+    (rotating its leading channels, as Phi-3's apply_rotary_pos_emb does) rather than
+    failing on it (Llama's): tried on a head of 4 channels with a table of 2."""
+    apply = getattr(sys.modules.get(type(attention).__module__), "apply_rotary_pos_emb", None)
+    if apply is None:
+        return False
+    head, table = torch.zeros(1, 1, 1, 4), torch.ones(1, 1, 2)
+    try:
+        apply(head, head, table, table)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
@@ -269,13 +292,15 @@ def _plan_attention(model: nn.Module, config: Any, plan: _Plan) -> None:
         if rope is None:
             return  # every attention layer stays on torch: the config names one implementation
         window = getattr(module, "sliding_window", None)
-        if window is None and type(module).__name__ == "MistralAttention":
+        if window is None and type(module).__name__ in _WINDOW_FROM_CONFIG:
             window = getattr(config, "sliding_window", None)
         # None of the served architectures' attention applies a logit softcap in transformers
         # (Gemma 3 keeps attn_logit_softcapping in its config but never passes it), so neither
         # does ours; tileops_attention honours softcap= for a caller that passes one.
         softcap = None
-        qk_norm = hasattr(module, "q_norm")
+        # q/k norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
+        qk_norm = None if not hasattr(module, "q_norm") else (
+            "head" if module.q_norm.weight.numel() == module.head_dim else "projection")
         staged.append((name, module, dict(
             rope=rope, window=window, softcap=softcap, scaling=module.scaling * gain * gain, qk_norm=qk_norm,
             rope_gain=gain, positions=positions,
@@ -329,10 +354,6 @@ def _memo(make: Any) -> Any:
 def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
     plan = _Plan(model, strict, target)
     arch = type(model).__name__
-    if arch in _MOE:
-        why = _MOE[arch].format(**{k: getattr(model.config, k, None) for k in (
-            "shared_expert_intermediate_size", "router_jitter_noise")})
-        raise UnsupportedModelError(f"tileops cannot serve {arch}: mixture-of-experts blocks with {why}")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -368,11 +389,16 @@ def _plan(model: nn.Module, strict: bool, target: str | None) -> _Plan:
             weight = (1.0 + module.weight.float()).to(module.weight.dtype) if _RMSNORMS[cls] else None
             plan.add("rmsnorm", name, module, _forwards.rmsnorm_forward, weight=weight,
                      norm=ops.RMSNormFwdOp((module.weight.shape[0],), _fusion.norm_eps(module), target=target))
-        elif cls.endswith("MLP") and all(hasattr(module, p) for p in ("gate_proj", "up_proj", "down_proj")):
+        elif cls.endswith("MLP") and hasattr(module, "down_proj") and (
+                all(hasattr(module, p) for p in ("gate_proj", "up_proj")) or hasattr(module, "gate_up_proj")):
             if act_name not in _GATED_ACTS:
                 plan.refuse(name, "gated MLP", f"config hidden_act={act_name!r} (served: {', '.join(_GATED_ACTS)})")
                 continue
             plan.add("mlp", name, module, _forwards.mlp_forward, act=getattr(ops, _GATED_ACTS[act_name])(target=target))
+    for attr, where, what in (("embedding_multiplier", "embed_tokens", "its output times"),
+                              ("logits_scaling", "lm_head", "its logits divided by")):  # Granite's
+        if float(getattr(config, attr, 1.0) or 1.0) != 1.0:
+            plan.report.on_torch.append((where, attr.replace("_", " "), f"{what} {getattr(config, attr)}, in torch"))
     if getattr(config, "final_logit_softcapping", None):
         plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
     plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))

@@ -205,8 +205,9 @@ class DecodeReplay:
         """Every op the fused loop's modules hold (their states, stacked projections, the
         attention ops made per shape), the add-and-norm ops between the layers, and the
         head's."""
-        found: list[Op] = [op for op, _ in self.fused.into]
+        found: list[Op] = []
         todo: list[Any] = [m.__dict__.get("_tileops") for m in [*self.fused.submodules, head] if m is not None]
+        todo += self.fused.joins
         seen: set[int] = set()
         while todo:
             obj = todo.pop()
