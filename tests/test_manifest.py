@@ -247,6 +247,19 @@ MALFORMED = [
     (("signature", "value_rules"), ["offsets(y, 1)"], "signature.value_rules[0]", "'y' is not an input"),
     (("signature", "value_rules"), ["offsets(x)"], "signature.value_rules[0]", "takes 2 to 2 arguments"),
     (("signature", "value_rules"), ["at_least(x, eps * 2)"], "signature.value_rules[0]", "int32 or int64"),
+    # upstream TileOPs' constructor: every argument is said to be something
+    (("upstream",), {"init": "rows, colour=1", "dims": {"rows": "x.shape[0]"}}, "upstream.init",
+     "'colour' is no manifest param, dim, limit, dtype, knob"),
+    (("upstream",), {"init": "rows", "dims": {"rows": "y.shape[0]"}}, "upstream.dims.rows", "unknown name 'y'"),
+    (("upstream",), {"init": "eps=1.0e-6", "dims": {"rows": "x.shape[0]"}}, "upstream",
+     "'rows' is declared but is not in upstream's init"),
+    (("upstream",), {"init": "eps=1.0e-6, backend='auto'", "knobs": {"backend": ["dense"]}},
+     "upstream.knobs.backend", "upstream's default 'auto' must be served"),
+    (("upstream",), {"init": "eps, *rest"}, "upstream.init", "not supported"),
+    (("upstream",), {"dtypes": {"dtype": "y"}}, "upstream.dtypes.dtype", "'y' is not an input"),
+    (("upstream",), {"knobs": {"config": "any"}}, "upstream", "describe upstream's init"),
+    (("upstream",), {"init": "rows, eps=1.0e-6", "dims": {"rows": "x.shape[0]"}, "params": {"eps": "rows"}},
+     "upstream.params.eps", "must be a manifest param that upstream's init lacks"),
 ]
 
 

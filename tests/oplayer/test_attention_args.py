@@ -31,7 +31,7 @@ def test_a_call_with_other_shapes_than_constructed_is_rejected(cpu_target):
     op = GroupedQueryAttentionFwdOp(1, 4, 2, 16, 8)
     q = torch.randn(1, 8, 4, 8, dtype=torch.float16)
     k = torch.randn(1, 8, 2, 8, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"input 'q' must have the shape fixed at construction"):
+    with pytest.raises(ValueError, match=r"with seq_len=16, but this call has q.shape\[1\] = 8"):
         op(q, k, k)
     assert cpu_target.builds == []
 
@@ -40,7 +40,7 @@ def test_decode_accepts_any_cache_length_up_to_the_constructed_one(cpu_target):
     op = Decode(2, 4, 2, 16, 8)
     for n_kv in (1, 6, 16):
         assert op(*decode_inputs(n_kv)).shape == (2, 4, 8)
-    with pytest.raises(ValueError, match="N_kv <= seqlen_kv=16"):
+    with pytest.raises(ValueError, match=r"with seqlen_kv=16, the most k.shape\[1\] may be"):
         op(*decode_inputs(17))
 
 

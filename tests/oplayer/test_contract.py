@@ -42,7 +42,8 @@ def test_every_op_takes_its_manifest_params_and_target_kernel_map_tune_keywords(
 def test_every_op_forward_takes_its_manifest_inputs_in_order(cls):
     entry = manifest.entry(cls.__name__)
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
-    assert [p.name for p in params] == [i.name for i in entry.inputs]
+    unused = list(entry.upstream.forward) if entry.upstream else []  # upstream's, after the inputs
+    assert [p.name for p in params] == [*(i.name for i in entry.inputs), *unused]
     for i, (p, decl) in enumerate(zip(params, entry.inputs)):
         trailing = all(d.optional for d in entry.inputs[i:])  # no required input follows
         assert (p.default is None) == (decl.optional and trailing)

@@ -141,6 +141,18 @@ def test_a_settled_instance_on_a_device_its_target_does_not_claim_is_an_error(rm
         op(torch.empty(4, 64, **meta), torch.empty(64, **meta))
 
 
+def test_a_target_named_at_construction_serves_new_signatures_on_a_device_it_does_not_claim(rms_log):
+    """An explicit target= skips detection on every call, not just the first: an opt-in
+    backend whose detector claims nothing serves each new shape it is asked for."""
+    register_detector("optin", lambda d: False)
+    register_kernel_builder("RMSNormFwdOp", "optin", rms_builder(rms_log))
+    op = RMSNormFwdOp(normalized_shape=(64,), target="optin")
+    for rows in (4, 7):
+        x, w = half(rows, 64), half(64)
+        assert torch.equal(op(x, w), F.rms_norm(x, (64,), w, 1e-6))
+    assert op.settled_target == "optin" and len(rms_log) == 2  # one build per signature
+
+
 def test_concurrent_first_calls_with_one_signature_build_once(rms_log):
     release = threading.Event()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ._entry import InputDecl, MetaSpec, OpEntry, OutputDecl, ParamDecl, WorkloadCase
 from ._errors import ManifestError
+from ._upstream import Upstream
 
 __all__ = [
     "InputDecl",
@@ -23,6 +24,7 @@ __all__ = [
     "OutputDecl",
     "ParamDecl",
     "UnknownOpError",
+    "Upstream",
     "WorkloadCase",
     "all_entries",
     "entry",

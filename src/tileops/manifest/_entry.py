@@ -12,6 +12,7 @@ import torch
 from ._errors import ManifestError
 from ._expr import Expr, TensorView, namespace, view_of
 from ._types import ParamType, dtype_rule_text
+from ._upstream import Upstream
 from ._values import ValueRule
 
 Shape = tuple[int, ...]
@@ -89,6 +90,7 @@ class OpEntry:
         roofline_vars: tuple[tuple[str, Expr], ...],
         flops: Expr,
         bytes_: Expr,
+        upstream: Upstream | None = None,
     ) -> None:
         self.name = name
         self.family = family
@@ -110,6 +112,7 @@ class OpEntry:
         self._roofline_vars = roofline_vars
         self._flops = flops
         self._bytes = bytes_
+        self.upstream = upstream  # upstream TileOPs' constructor, where it differs from ours
         self._input_names = tuple(i.name for i in inputs)
         self._param_names = tuple(p.name for p in params)
         self._parsed_workloads: tuple[_Workload, ...] = ()  # set by the loader once checked
@@ -166,10 +169,17 @@ class OpEntry:
 
     # --- per new signature ------------------------------------------------------------
 
-    def check_inputs(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> None:
+    def check_inputs(
+        self,
+        specs: Sequence[object | None],
+        params: Mapping[str, Any],
+        constructed: Mapping[str, Any] | None = None,
+    ) -> None:
         """Reject a call whose inputs break the manifest: None for a required input
         (TypeError), a non-tensor (TypeError), a dtype or same_as violation, inputs on two
-        devices, a failing shape rule (ValueError). ``params`` as init_params returns them."""
+        devices, a failing shape rule, or inputs that contradict the shape and dtype
+        arguments the op was ``constructed`` with (``upstream:``) (ValueError). ``params``
+        as init_params returns them."""
         specs = tuple(specs)
         if len(specs) != len(self.inputs):
             raise TypeError(
@@ -218,10 +228,21 @@ class OpEntry:
                         f"'{decl.same_as}' ({ref.dtype}), got {dtype}"
                     )
             views[decl.name] = view_of(spec)
-        if self._shape_rules:
+        if self._shape_rules or constructed:
             ns = namespace({**views, **params})
             for rule in self._shape_rules:
                 self._check_rule("shape rule", rule, ns)
+            if constructed and self.upstream is not None:  # after the rules: dims exist
+                self.upstream.check(constructed, ns)
+
+    def shape_args(self, specs: Sequence[object | None]) -> dict[str, int]:
+        """The value of each upstream shape argument (``upstream:`` dims and limits) for
+        inputs that passed ``check_inputs``: what a constructor taking them is given."""
+        if self.upstream is None:
+            return {}
+        ns = namespace(self._views(specs))
+        named = self.upstream.dims + self.upstream.limits
+        return {name: int(self._eval(expr, ns, f"upstream.{name}")) for name, expr in named}
 
     def call_params(
         self, specs: Sequence[object | None], params: Mapping[str, Any]

@@ -13,7 +13,6 @@ import yaml
 from ._entry import InputDecl, OpEntry, OutputDecl, ParamDecl, _Workload
 from ._errors import ManifestError
 from ._expr import HELPERS, Expr, ExprError, compile_expr
-from ._values import ValueRule, ValueRuleError, parse_value_rule
 from ._types import (
     DTYPE_NAMES,
     ParamType,
@@ -22,6 +21,9 @@ from ._types import (
     parse_dtype_rule,
     parse_param_type,
 )
+from ._upstream import Upstream
+from ._upstream import parse as parse_upstream
+from ._values import ValueRule, ValueRuleError, parse_value_rule
 
 _ENTRY_KEYS = {
     "family",
@@ -33,8 +35,9 @@ _ENTRY_KEYS = {
     "roofline",
     "kernel_map",
     "workloads",
+    "upstream",
 }
-_ENTRY_OPTIONAL = {"torch_compile_fullgraph", "doc"}
+_ENTRY_OPTIONAL = {"torch_compile_fullgraph", "doc", "upstream"}
 # Op classes live under this package; `module:` names where (see ops/_catalog.py).
 _OPS_PACKAGE = "tileops.ops"
 _SIGNATURE_KEYS = {"inputs", "outputs", "params", "param_rules", "shape_rules", "value_rules"}
@@ -285,6 +288,17 @@ def _value_rules(
     return tuple(rules)
 
 
+def _upstream(
+    ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: tuple[ParamDecl, ...]
+) -> Upstream | None:
+    if raw is None:
+        return None
+    accepted: dict[str, Any] = {}
+    for decl in inputs:  # same_as inputs accept what their source accepts
+        accepted[decl.name] = decl.dtypes if decl.same_as is None else accepted[decl.same_as]
+    return parse_upstream(ctx, raw, accepted, {p.name: p for p in params})
+
+
 def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
     ctx.identifier(name, None)
     raw = ctx.mapping(raw, None, empty_ok=False)  # type: ignore[arg-type]
@@ -395,6 +409,7 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
         roofline_vars=tuple(roof_vars),
         flops=flops,
         bytes_=nbytes,
+        upstream=_upstream(ctx, raw.get("upstream"), inputs, params),
     )
     entry._parsed_workloads = tuple(_workload(ctx, entry, i, w) for i, w in enumerate(workloads))
     return entry

@@ -59,6 +59,8 @@ def _doc(entry: manifest.OpEntry) -> str:
         f"``{entry.name}({params})``, then ``op({inputs})``.",
         f"Declared in manifest/{entry.source.name}; reference: {reference}.",
     ]
+    if entry.upstream is not None and entry.upstream.init is not None:
+        lines.append(f"Also upstream TileOPs' ``{entry.upstream.form()}``.")
     return "\n".join(lines)
 
 

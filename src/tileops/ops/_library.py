@@ -6,7 +6,9 @@ manifest's output rules, so shapes and dtypes are known without running anything
 real implementation runs the op's normal eager path. A backend does nothing for this.
 
 Schema: the op's inputs as tensors, then its manifest params, then its constructor-only
-arguments, then ``target`` ("" = device detection, "<builtin>" = in-tree, else a name).
+arguments (those of its class, then upstream's shape and dtype arguments, so a traced call
+is checked against them as an eager one), then ``target`` ("" = device detection,
+"<builtin>" = in-tree, else a name).
 An op whose ``mutated`` inputs are written only in an in-place form (``inplace=True``)
 uses a second op for that form, ``<name>_``, that mutates the input and returns nothing;
 an op that writes them on every call (paged prefill appends to its cache) declares them
@@ -50,6 +52,19 @@ def _schema_type(type_text: str) -> str:
     return base + ("?" if optional else "")
 
 
+def extra_args(cls: Any) -> dict[str, str]:
+    """Constructor-only arguments carried through the custom op, name -> schema type: the
+    class's own, then upstream's shape (int) and dtype (ScalarType) arguments, None when
+    the op was built in our form."""
+    extra = dict(cls._extra_args)
+    upstream = cls._entry.upstream
+    if upstream is not None:
+        for name in upstream.checked:
+            kind = "ScalarType?" if name in upstream.served_dtypes else "int?"
+            extra.setdefault(name, kind)
+    return extra
+
+
 def _op_name(cls: type) -> str:
     """Schema name of an op class: RMSNormFwdOp -> rms_norm_fwd."""
     name = cls.__name__.removesuffix("Op")
@@ -63,7 +78,7 @@ def _schema(cls: type, mutating: bool, returns: bool) -> str:
         tensor = "Tensor" + ("(a!)" if mutating and decl.mutated else "")
         args.append(f"{tensor}{'?' if decl.optional else ''} {decl.name}")
     args += [f"{_schema_type(p.type)} {p.name}" for p in entry.params]
-    args += [f"{kind} {name}" for name, kind in cls._extra_args.items()]
+    args += [f"{kind} {name}" for name, kind in extra_args(cls).items()]
     args.append("str target")
     outputs = (
         "()"
@@ -83,7 +98,7 @@ def define_custom_op(cls: Any) -> None:
     name = _op_name(cls)
     n_inputs = len(entry.inputs)
     param_names = [p.name for p in entry.params]
-    extra_names = list(cls._extra_args)
+    extra_names = list(extra_args(cls))
 
     def split(args: tuple) -> tuple[tuple, dict, dict, str]:
         tensors = args[:n_inputs]
@@ -154,7 +169,9 @@ def _instance(cls: Any, params: dict, extras: dict, target: str) -> Op:
     op = _instances.get(key)
     if op is None:
         chosen = None if target == "" else BUILTIN if target == _BUILTIN_TAG else target
-        op = cls(**params, **extras, target=chosen)
+        # upstream's arguments are passed only where given: they select upstream's form
+        given = {k: v for k, v in extras.items() if v is not None or k in cls._extra_args}
+        op = cls(**params, **given, target=chosen)
         _instances[key] = op
         if len(_instances) > _INSTANCE_BOUND:
             _instances.popitem(last=False)
@@ -171,7 +188,7 @@ def call_custom_op(op: Op, args: tuple) -> Any:
     """Calls ``op``'s custom op with the op's params: what every tracer records."""
     cls = type(op)
     params = [_schema_param(p, op.params[p.name]) for p in cls._entry.params]
-    extras = [op.extras[name] for name in cls._extra_args]
+    extras = [op.extras.get(name) for name in extra_args(cls)]
     if op._returns_input():
         cls._custom_op_inplace(*args, *params, *extras, _target_tag(op))
         return args[op._return_slot()]

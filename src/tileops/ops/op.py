@@ -13,6 +13,7 @@ input list, so a call is one thin Python frame and then the C++ dispatcher:
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import types
@@ -55,16 +56,26 @@ def _spec(value: Any) -> Any:
     return TensorSpec(value.device, value.dtype, tuple(value.shape))
 
 
-def _make_forward(cls: type[Op], names: Sequence[str], optional: Sequence[bool]) -> None:
+def _make_forward(
+    cls: type[Op], names: Sequence[str], optional: Sequence[bool], unused: Sequence[str] = ()
+) -> None:
     """forward(self, <inputs>) with the manifest's input names; optional ones default to None
-    when no required one follows (otherwise they are passed, as None when absent)."""
+    when no required one follows (otherwise they are passed, as None when absent).
+    ``unused``: upstream's trailing forward arguments, accepted and not needed."""
     trailing = len(optional)
     while trailing and optional[trailing - 1]:
         trailing -= 1
-    params = ", ".join(f"{n}=None" if i >= trailing else n for i, n in enumerate(names))
+    params = ", ".join(
+        [f"{n}=None" if i >= trailing else n for i, n in enumerate(names)]
+        + [f"{n}=None" for n in unused]
+    )
     args = ", ".join(names)
+    checks = "".join(
+        f"    if {n} is not None:\n        self._check_unused({n!r}, {n})\n" for n in unused
+    )
     source = (
         f"def forward(self, {params}):\n"
+        f"{checks}"
         f"    if _compiling():\n"
         f"        return self._traced({args})\n"
         f"    return self._dispatch({args})\n"
@@ -104,16 +115,40 @@ def _make_init(cls: type[Op], params: Sequence[Any]) -> None:
     exec(compile(source, f"<tileops __init__ of {cls.__name__}>", "exec"), scope)  # noqa: S102
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
+    upstream = cls._entry.upstream
+    if upstream is not None and upstream.signature is not None:
+        init = _either_form(init, upstream)
     cls.__init__ = init
+
+
+def _either_form(ours: Callable[..., None], upstream: manifest.Upstream) -> Callable[..., None]:
+    """__init__ taking our form (manifest params) or upstream TileOPs' (its shape and dtype
+    arguments, positionally as its API writes them; manifest ``upstream:``)."""
+    signature = inspect.signature(ours)
+    names = set(signature.parameters) - {"self"}
+    positional = sum(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values()) - 1
+
+    def __init__(self: Op, *args: Any, **kwargs: Any) -> None:
+        if not upstream.claims(args, kwargs, names, positional):
+            ours(self, *args, **kwargs)
+            return
+        bound = upstream.bind(args, kwargs)
+        self._setup(bound.params, extras=bound.checked, **bound.framework)
+
+    __init__.__qualname__ = ours.__qualname__
+    __init__.__signature__ = signature  # type: ignore[attr-defined]
+    __init__.__doc__ = f"{signature}, or upstream TileOPs' form {upstream.form()}"
+    return __init__
 
 
 class Op:
     """Base of every tileops op.
 
     A subclass is named after its manifest entry. Its constructor (the manifest params,
-    then keyword-only ``target``, ``kernel_map``, ``tune``) and its ``forward`` (the
-    manifest inputs) are generated from the manifest unless it writes them; it overrides
-    ``_fetch`` when it has several kernel roles to choose from.
+    then keyword-only ``target``, ``kernel_map``, ``tune``; or upstream TileOPs' form where
+    the entry declares ``upstream:``) and its ``forward`` (the manifest inputs) are
+    generated from the manifest unless it writes them; it overrides ``_fetch`` when it has
+    several kernel roles to choose from.
     """
 
     _entry: ClassVar[manifest.OpEntry]
@@ -138,9 +173,15 @@ class Op:
             entry = cls._entry
         cls._entry = entry
         cls._roles = {role: index for index, role in enumerate(entry.kernel_map)}
-        _make_forward(cls, [i.name for i in entry.inputs], [i.optional for i in entry.inputs])
+        unused = entry.upstream.forward if entry.upstream is not None else ()
+        _make_forward(cls, entry.input_names(), [i.optional for i in entry.inputs], unused)
         if "__init__" not in cls.__dict__:
             _make_init(cls, entry.params)
+        elif entry.upstream is not None and entry.upstream.signature is not None:
+            raise TypeError(
+                f"{cls.__name__} writes its own __init__, so its manifest entry's upstream: may "
+                f"declare the checks of its arguments (dims, limits, dtypes), not an init"
+            )
         _library.define_custom_op(cls)
 
     # ---- construction ---------------------------------------------------------------
@@ -242,7 +283,7 @@ class Op:
     def _on_miss(self, *tensors: Any) -> Any:
         # The manifest is the one place a call is validated (arity, types, devices, rules).
         specs = [_spec(t) for t in tensors]
-        self._entry.check_inputs(specs, self.params)
+        self._entry.check_inputs(specs, self.params, self.extras)
         if self._entry.value_rules:  # per call on hits (in C++); here before any build
             self._dispatcher.check_values(*tensors)
         self._check_output_sizes(specs)
@@ -277,7 +318,10 @@ class Op:
     def _target_for(self, device: torch.device) -> Target:
         if self._settled is None:
             return dispatch.settle(self._requested, device)
-        if not isinstance(self._settled, _Builtin) and not dispatch.claims(self._settled, device):
+        # A target named at construction skips detection on every call, as on the first
+        # (its builders see the device in the specs and refuse what they do not serve).
+        explicit = self._requested[0] == "named"
+        if not explicit and not isinstance(self._settled, _Builtin) and not dispatch.claims(self._settled, device):
             raise BackendError(
                 _C.messages.wrong_device(type(self).__name__, self._settled, str(device))
             )
@@ -285,6 +329,15 @@ class Op:
 
     def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
         """Ops with constructor-only arguments check them against the call here."""
+
+    def _check_unused(self, name: str, value: Any) -> None:
+        """Upstream's trailing forward arguments (manifest ``upstream.forward``) are bounds the
+        op's params and value rules already enforce, so only their type is checked."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TypeError(
+                f"{type(self).__name__}: forward()'s {name} (upstream's, not needed here) must be "
+                f"a positive int or left out, got {_short_repr(value)}"
+            )
 
     def _fetch(self, *tensors: torch.Tensor | None) -> Any:
         """The kernel fetch site of a one-role op; ops with several roles override it."""

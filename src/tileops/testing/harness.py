@@ -323,13 +323,12 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
 
 
 def constructor_args(case: Case) -> dict[str, Any]:
-    """Manifest params plus the constructor-only arguments some ops take (GQA's dims)."""
+    """Manifest params plus the shape arguments of ops whose own constructor takes them
+    (the dense GQA ops: manifest ``upstream:`` dims without an ``init``)."""
     args = dict(case.params)
-    q, k = case.shapes.get("q"), case.shapes.get("k")
-    if case.op == _GQA_FWD:
-        args.update(batch=q[0], seq_len=q[1], heads=q[2], heads_kv=k[2], dim=q[3])
-    elif case.op == _GQA_DECODE:
-        args.update(batch=q[0], heads=q[1], dim=q[2], heads_kv=k[2], seqlen_kv=k[1])
+    entry = manifest.entry(case.op)
+    if entry.upstream is not None and entry.upstream.init is None:
+        args.update(entry.shape_args(entry.case_specs(case.shapes, case.dtype)))
     return args
 
 

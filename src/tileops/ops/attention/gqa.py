@@ -1,6 +1,7 @@
 """Grouped-query attention: prefill (BSHD) and decode against a dense KV cache.
 
-The shape dims are fixed at construction, as in the reference API. ``sm_scale`` and
+The shape dims are fixed at construction, as in the reference API; a call is checked
+against them by the manifest (its ``upstream:`` dims), on a memo miss. ``sm_scale`` and
 ``softcap`` are constructor arguments, not manifest params, so a builder never sees
 them: an external target is only asked to serve the defaults (scale dim**-0.5, no
 softcap), and a call with other values on an external target raises instead of
@@ -45,20 +46,13 @@ def _constructor_extras(
     }
 
 
-def _expect_shape(op: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(tensor.shape) != shape:
-        raise ValueError(
-            f"{op}: input {name!r} must have the shape fixed at construction {shape}, "
-            f"got {tuple(tensor.shape)}"
-        )
-
-
 class _Attention(Op):
     _abstract = True
 
-    def _check_scores_for(self, target: Target, head_dim: int) -> None:
+    def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
         if isinstance(target, _Builtin):
             return
+        head_dim = self.extras["dim"]
         default_scale = self.extras["sm_scale"] in (None, head_dim**-0.5)
         if not default_scale or self.extras["softcap"] not in (None, 0.0):
             raise OpNotAvailableError(
@@ -104,14 +98,6 @@ class GroupedQueryAttentionFwdOp(_Attention):
         self._setup(
             {"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune, extras=extras
         )
-
-    def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
-        e, name = self.extras, type(self).__name__
-        q, k, v = tensors
-        _expect_shape(name, "q", q, (e["batch"], e["seq_len"], e["heads"], e["dim"]))
-        for label, t in (("k", k), ("v", v)):
-            _expect_shape(name, label, t, (e["batch"], e["seq_len"], e["heads_kv"], e["dim"]))
-        self._check_scores_for(target, e["dim"])
 
     def _fetch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         # The square kernel also needs the GPU's arch, which is asked only once the in-tree
@@ -159,19 +145,6 @@ class GroupedQueryAttentionDecodeWithKVCacheFwdOp(_Attention):
         }
         extras = _constructor_extras(type(self).__name__, dims, sm_scale, softcap)
         self._setup({}, target=target, kernel_map=kernel_map, tune=tune, extras=extras)
-
-    def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
-        e, name = self.extras, type(self).__name__
-        q, k, v = tensors
-        _expect_shape(name, "q", q, (e["batch"], e["heads"], e["dim"]))
-        if k.ndim != 4 or not (0 < k.shape[1] <= e["seqlen_kv"]):
-            raise ValueError(
-                f"{name}: input 'k' must be [batch, N_kv, heads_kv, dim] with "
-                f"0 < N_kv <= seqlen_kv={e['seqlen_kv']}, got {tuple(k.shape)}"
-            )
-        for label, t in (("k", k), ("v", v)):
-            _expect_shape(name, label, t, (e["batch"], k.shape[1], e["heads_kv"], e["dim"]))
-        self._check_scores_for(target, e["dim"])
 
     def _fetch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         e = self.extras
