@@ -1,44 +1,8 @@
-"""The kernels of target ``torch_cpu``, in plain PyTorch.
-
-A kernel is an object built once per device and input signature and then called many
-times. Its constructor takes compile-time values only: the things a real backend would
-bake into generated code (dtype, a hidden size, a layout). Everything that changes from
-call to call — the row count of an RMSNorm, M of a GEMM — is read from the tensors in
-``__call__``. ``CpuRMSNorm`` therefore never sees a row count: on a decode path the
-batch grows step by step, and a constructor that took it would rebuild at every step.
-
-On real hardware this is the file to replace: compile in ``__init__``, launch on the
-current stream in ``__call__``.
-"""
+"""Matrix products: GemmFwdOp, as a GEMM or, for a single row or column, a GEMV."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-import torch.nn.functional as F
-
-
-class CpuRMSNorm:
-    """y = rms_norm(x over the last ``len(normalized_shape)`` dims) * weight.
-
-    Computed by ``torch.nn.functional.rms_norm`` itself, so the result equals it bit for
-    bit on the CPU for every dtype and shape it accepts.
-    """
-
-    def __init__(self, normalized_shape: Sequence[int], eps: float, dtype: torch.dtype) -> None:
-        self.normalized_shape = tuple(int(d) for d in normalized_shape)
-        self.eps = float(eps)
-        self.dtype = dtype
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
-
-    def __repr__(self) -> str:
-        return (
-            f"CpuRMSNorm(normalized_shape={self.normalized_shape}, eps={self.eps}, "
-            f"dtype={self.dtype})"
-        )
 
 
 def _operands(
@@ -56,6 +20,7 @@ class CpuGemm:
         self.trans_b = trans_b
         self.dtype = dtype
 
+    @torch.no_grad()
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         lhs, rhs = _operands(a, b, self.trans_a, self.trans_b)
         return torch.matmul(lhs, rhs)
@@ -78,6 +43,7 @@ class CpuGemv:
         self.trans_b = trans_b
         self.dtype = dtype
 
+    @torch.no_grad()
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         lhs, rhs = _operands(a, b, self.trans_a, self.trans_b)
         if self.side == "lhs_row":  # [1, K] @ [K, N] -> [1, N]
