@@ -12,10 +12,10 @@ split by shape, with the bandwidth their weight bytes imply (one row: a GEMV) or
 GFLOP/s. The time outside the ops is split by where it falls (GAPS below). For scale,
 the same decode step of a model as deep but tiny (hidden 128: the same op calls and the
 same Python, on warm caches), and the machine's read bandwidth. Decode steps are timed
-twice, replayed from a native_cpu kernel tape (the default: docs/transformers.md) and
+twice, replayed from a captured graph of op launches (the default: docs/transformers.md) and
 through the fused loop; the per-op profile runs through the loop, since a replayed step
-makes no op calls. Then the recorded tape is replayed alone with each kernel call timed by
-the tape (``replay_timed``), per kernel and argument shapes: the kernels' own share of a
+makes no op calls. Then the captured graph is replayed alone with each launch timed by
+the graph (``replay_timed``), per kernel and argument shapes: the kernels' own share of a
 replayed step, without the Python around them. Last for the decode, ``generate``'s step
 per token split into transformers' generate loop, the integration's Python and the replay
 (``generate_split``: transformers' loop, which ``type(model).generate`` runs), for the
@@ -115,18 +115,18 @@ def report(title: str, timer: OpTimer, total: float, per: int) -> None:
         print(f"    {kind:<50} {timer.gaps[kind] / per * 1e3:8.3f} ms  {n / per:5.1f} gaps{mean}")
 
 
-def report_tape(tape, replays: int) -> None:
+def report_graph(graph, replays: int) -> None:
     """The recorded decode step replayed alone (no model Python around it), each call timed
-    by the tape; per kernel and argument shapes: medians over the replays, summed over the
+    by the graph; per kernel and argument shapes: medians over the replays, summed over the
     step's calls."""
-    names = tape.descriptions()
-    runs = [tape.replay_timed() for _ in range(replays)]
+    names = graph.descriptions()
+    runs = [graph.replay_timed() for _ in range(replays)]
     per_call = [statistics.median(run[i] for run in runs) for i in range(len(names))]
     total = statistics.median(sum(run) for run in runs)
     groups: dict[str, list[float]] = collections.defaultdict(list)
     for name, sec in zip(names, per_call):
         groups[name.removeprefix(f"{TARGET} ")].append(sec)
-    print(f"\ndecode step replayed alone from its kernel tape ({len(names)} calls, medians of {replays} replays): "
+    print(f"\ndecode step replayed alone from its captured graph ({len(names)} calls, medians of {replays} replays): "
           f"{total * 1e3:.2f} ms")
     for name, secs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
         kernel, calls = name.split(": ", 1)  # "GemmFwdOp(...)", "[1, 1024], [5632, 1024] -> [1, 5632]"
@@ -154,7 +154,7 @@ def tiny_model() -> torch.nn.Module:
 @torch.no_grad()
 def tiny_decode_step(ids: torch.Tensor, steps: int, replay: bool) -> float:
     """Median seconds of a decode step of the tiny model; its steps replayed from a kernel
-    tape or run through the loop."""
+    graph or run through the loop."""
     model = tiny_model()
     if not replay:
         model.model._tileops.fused.replay = None
@@ -174,7 +174,7 @@ SPLIT = (
     ("transformers' generate loop outside the model's forward", "inputs, logits processing, argmax, stopping"),
     ("the integration's causal LM forward around its decode step", "embedding, argument checks, the output object"),
     ("the integration's decode step around the replay", "copies in, the cache's bookkeeping, the logits' copy"),
-    ("the kernels: the step's tape replayed", ""),
+    ("the kernels: the step's graph replayed", ""),
 )
 
 
@@ -182,7 +182,7 @@ SPLIT = (
 def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[float]:
     """Median seconds per token of ``model.generate``'s decode steps (greedy, batch 1), and
     of each stretch of SPLIT, from timers around the model's forward, the fused model's
-    decode step and its tape's replay (``DecodeReplay.replay_seconds``)."""
+    decode step and its graph's replay (``DecodeReplay.replay_seconds``)."""
     replay = model.model._tileops.fused.replay
     times: dict[str, list[float]] = {"token": [], "forward": [], "step": [], "replay": []}
     forward, step = model.forward, replay.step
@@ -219,7 +219,7 @@ def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[
             model.forward = forward
         else:
             del model.forward
-    last = new // 2  # replayed steps only (the first decode step records its tape)
+    last = new // 2  # replayed steps only (the first decode steps build the kernels and capture the graph)
     token = [b - a for a, b in zip(times["token"][1:], times["token"][2:])][-last:]
     fwd, stp, rep = (times[k][-last:] for k in ("forward", "step", "replay"))
     return [statistics.median(token), statistics.median(t - f for t, f in zip(token, fwd)),
@@ -295,19 +295,19 @@ def main() -> int:
     replay = fused.replay
     decode(4, None)  # kernels built
     replayed = decode(args.steps, None) / args.steps
-    tape = replay.recording.tape if replay is not None and replay.recording is not None else None
+    graph = replay.recording.graph if replay is not None and replay.recording is not None else None
     fused.replay = None  # the loop: a replayed step makes no op calls for the timers to see
     plain = decode(args.steps, None) / args.steps
     warm = [tiny_decode_step(ids, args.steps, r) for r in (True, False)]
     timer = OpTimer()
     timed = decode(args.steps, timer)
     fused.replay = replay
-    print(f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a kernel tape, {plain * 1e3:.2f} ms "
+    print(f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a captured graph, {plain * 1e3:.2f} ms "
           f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
           f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop")
     report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
-    if tape is not None:
-        report_tape(tape, args.steps)
+    if graph is not None:
+        report_graph(graph, args.steps)
     if replay is not None:
         never_stop(model)
         split = generate_split(model, ids, 2 * args.steps)

@@ -18,6 +18,7 @@
 #include <array>
 #include <vector>
 
+#include "bindings/capture.h"
 #include "bindings/dlpack_view.h"
 #include "bindings/py_support.h"
 #include "engine/kernel_cache.h"
@@ -145,7 +146,7 @@ class OwnerGil final : public engine::OwnerLock {
 
 constexpr size_t kMaxSlots = 16;
 
-class Dispatcher {
+class Dispatcher final : public Launcher {
  public:
   Dispatcher(std::string op, size_t slots, std::vector<bool> mutated, nb::object on_miss,
              nb::object on_trace, nb::object on_first_result)
@@ -184,7 +185,17 @@ class Dispatcher {
       // Owned for the launch: a kernel that lets the GIL go may be evicted meanwhile.
       nb::object kernel = nb::borrow(static_cast<PyObject*>(found->get()));
       if (!rules_.empty()) check_values(items);
+      if (capturing()) {  // one thread-local read on the hot path
+        const bool all = std::all_of(contiguous.begin(), contiguous.begin() + count, [](bool c) { return c; });
+        return capture_launch(nb::find(this), *this, kernel.ptr(), items, count, all,
+                              [&] { return launch(kernel.ptr(), items, contiguous.data()); });
+      }
       return launch(kernel.ptr(), items, contiguous.data());
+    }
+    if (capturing()) {  // it still runs; the capture fails at its end
+      capture_failed(op_ + ": its kernel for this input signature was built during the capture (a replay would "
+                     "not build it); run the captured stretch once before capturing it, as before a CUDA graph capture",
+                     /*built=*/true);
     }
     nb::object kernel = miss(items, count);  // validates (values too) before it builds
     nb::object result = launch(kernel.ptr(), items, contiguous.data());
@@ -304,6 +315,16 @@ class Dispatcher {
       throw nb::python_error();
     }
   }
+
+  // A captured launch, again (capture.cc): as a memo hit runs it. Its inputs were
+  // contiguous when captured, and are the same tensors.
+  nb::object relaunch(PyObject* kernel, PyObject* const* items) override {
+    if (!rules_.empty()) check_values(items);
+    std::array<bool, kMaxSlots> contiguous;
+    contiguous.fill(true);
+    return launch(kernel, items, contiguous.data());
+  }
+  const std::string& op_name() const override { return op_; }
 
   void set_return_slot(int64_t slot) { return_slot_ = slot; }
   void set_target_label(std::string label) { target_label_ = std::move(label); }

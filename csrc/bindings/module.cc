@@ -2,6 +2,7 @@
 // and engine errors to tileops.backend's exception classes; the rules live in csrc/engine.
 #include <nanobind/stl/string.h>
 
+#include "bindings/capture.h"
 #include "bindings/py_support.h"
 #include "engine/kernel_cache.h"
 
@@ -104,4 +105,6 @@ NB_MODULE(_C, m) {
   bindings::bind_registry(m);
   bindings::bind_dispatcher(m);
   bindings::bind_machine(m);
+  bindings::bind_capture(m);
+  bindings::bind_greedy(m);
 }

@@ -1,6 +1,7 @@
 #include "dlpack_bridge.h"
 
 #include "output_cache.h"
+#include "tileops/capture_abi.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -208,15 +209,30 @@ PyObject* new_cached_tensor(OutputBlock block, int ndim, const int64_t* shape, D
   return static_cast<PyObject*>(result);
 }
 
-}  // namespace
-
-OutputTap*& output_tap() {
-  thread_local OutputTap* tap = nullptr;
-  return tap;
+// tileops' capture ABI, imported at the first output (tileops is loaded by then: it is
+// what builds our kernels); null where this tileops predates it.
+const tileops_capture_abi* capture_abi() {
+  static const tileops_capture_abi* abi = [] {
+    auto* found = static_cast<const tileops_capture_abi*>(PyCapsule_Import(TILEOPS_CAPTURE_ABI_CAPSULE, 0));
+    if (found == nullptr || found->version != TILEOPS_CAPTURE_ABI_VERSION) {
+      PyErr_Clear();
+      return static_cast<const tileops_capture_abi*>(nullptr);
+    }
+    return found;
+  }();
+  return abi;
 }
 
+}  // namespace
+
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data) {
-  if (OutputTap* tap = output_tap()) return tap->output(ndim, shape, dtype, data);
+  const tileops_capture_abi* capture = capture_abi();
+  if (capture != nullptr && capture->in_launch()) {
+    auto make = [](void* ctx, int n, const int64_t* dims, void** out) -> void* {
+      return allocate_tensor(n, dims, *static_cast<const DType*>(ctx), out);
+    };
+    return static_cast<PyObject*>(capture->output(ndim, shape, static_cast<int64_t>(dtype), data, make, &dtype));
+  }
   return allocate_tensor(ndim, shape, dtype, data);
 }
 

@@ -34,18 +34,12 @@ bool bridge_uses_exchange_api();
 
 // Both return false with a Python exception set. `what` names the argument in errors.
 bool read_tensor(PyObject* obj, TensorView& out, const char* what);
-// New CPU tensor; returns a new reference and its data pointer, or null with an exception.
-// While a tape records or replays on this thread (bind/tape.h), it goes through the tape.
+// New CPU tensor (a kernel's output); returns a new reference and its data pointer, or null
+// with an exception. While the op layer captures or replays the launch that calls it
+// (tileops.capture, through tileops/capture_abi.h), the capture hands it out: made once,
+// the same tensor on every replay.
 PyObject* new_tensor(int ndim, const int64_t* shape, DType dtype, void** data);
-// What new_tensor does without a tape: a fresh tensor from torch (or the warm-output cache).
+// What new_tensor does outside a capture: a fresh tensor from torch (or the warm-output cache).
 PyObject* allocate_tensor(int ndim, const int64_t* shape, DType dtype, void** data);
-
-// The outputs of a tape's kernel calls: recording notes each new tensor, replay hands the
-// recorded one back. Set per thread by bind/tape.cc only.
-struct OutputTap {
-  virtual ~OutputTap() = default;
-  virtual PyObject* output(int ndim, const int64_t* shape, DType dtype, void** data) = 0;
-};
-OutputTap*& output_tap();
 
 }  // namespace tnc

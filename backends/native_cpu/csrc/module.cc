@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "bind/kernel.h"
-#include "bind/tape.h"
 #include "dlpack_bridge.h"
 #include "output_cache.h"
 #include "thread_pool.h"
@@ -28,7 +27,13 @@ PyObject* kernel_tp_call(PyObject* self, PyObject* args, PyObject* kwargs) {
     PyErr_SetString(PyExc_TypeError, "native_cpu kernels take tensors by position only");
     return nullptr;
   }
-  return call_kernel(self, nb::inst_ptr<Kernel>(self), args);
+  Kernel* k = nb::inst_ptr<Kernel>(self);
+  try {
+    return k->call(&PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args));
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "%s failed: %s", k->description.c_str(), e.what());
+    return nullptr;
+  }
 }
 
 PyType_Slot kernel_slots[] = {{Py_tp_call, reinterpret_cast<void*>(kernel_tp_call)}, {0, nullptr}};
@@ -104,5 +109,4 @@ NB_MODULE(_C, m) {
   bind_probe(m);
   bind_rope(m);
   bind_softmax(m);
-  bind_tape(m);
 }

@@ -463,7 +463,7 @@ def test_a_long_padded_prompt_spans_pages_and_the_cache_grows_while_decoding(arc
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "granite", "olmo2"])
 def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch, monkeypatch):
-    """Decode steps replayed from a native_cpu kernel tape (_replay.py) give the logits of
+    """Decode steps replayed from a captured graph of op launches (_replay.py) give the logits of
     the same steps run by the fused loop, bit for bit: 40 steps over page boundaries, a
     wider block table and a pool that grows mid-decode (each of which makes the next step
     record anew), for one sequence and for a left-padded batch of two."""
@@ -482,9 +482,9 @@ def test_replayed_decode_steps_give_the_loops_bits_across_pages_and_growth(arch,
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "granite", "olmo2"])
-def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bits(arch):
+def test_a_plain_causal_lm_decodes_with_its_head_in_the_graph_and_transformers_bits(arch):
     """Llama, Mistral, Qwen2/3, Phi-3 and OLMo 2's causal LMs serve a decode step whole
-    (_patch.py): the layers and lm_head replay as one tape, giving the logits of
+    (_patch.py): the layers and lm_head replay as one graph, giving the logits of
     transformers' forward, to which a hook on lm_head sends the step (bit for bit, a
     left-padded batch). Gemma 3 caps its logits after the head and Granite scales them:
     they keep transformers' forward over replayed layers; disable removes the patch."""
@@ -494,8 +494,8 @@ def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bi
     assert report.count("causal LM decode step") == plain
     ids, mask = _prompt(True)
     whole = _teacher_forced(model, ids, mask, steps=4)
-    last = model.model._tileops.fused.replay.recording.tape.descriptions()[-1]
-    assert last.endswith(f"-> [2, {model.config.vocab_size}]") == plain  # the head's GEMM ends the tape
+    last = model.model._tileops.fused.replay.recording.graph.descriptions()[-1]
+    assert last.endswith(f"-> [2, {model.config.vocab_size}]") == plain  # the head's GEMM ends the graph
     hook = model.lm_head.register_forward_hook(lambda *a: None)
     through_transformers = _teacher_forced(model, ids, mask, tokens=whole[2], steps=4)
     hook.remove()
@@ -508,16 +508,16 @@ def test_a_plain_causal_lm_decodes_with_its_head_on_the_tape_and_transformers_bi
             logits = model(whole[2][:, t : t + 1], attention_mask=mask, use_cache=True, **{_cache_kw(model): cache}).logits
             assert torch.equal(logits[:, -1], whole[1][t])
         replay = model.model._tileops.fused.replay
-        assert replay.replays == replays + 1  # the first step records
-        assert replay.recording.tape.descriptions()[-1].endswith(f"-> [2, {model.config.vocab_size}]")
+        assert replay.replays == replays + 1  # the first step captures (its kernels were built before)
+        assert replay.recording.graph.descriptions()[-1].endswith(f"-> [2, {model.config.vocab_size}]")
     hf.disable(model)
     assert "forward" not in model.__dict__ and "_tileops" not in model.__dict__
 
 
-def test_a_recording_in_which_torch_computed_is_discarded_and_the_step_stands(monkeypatch):
-    """Only kernel calls are replayed: where torch computes between them (here a copy of
-    the embeddings before the first norm), the watch discards the recording, the step
-    keeps the loop's result, and after three tries the batch size is not recorded again."""
+def test_a_capture_in_which_torch_computed_fails_and_the_step_stands(monkeypatch):
+    """Only op launches are replayed: where torch computes between them (here a copy of
+    the embeddings before the first norm), the capture fails, the step keeps the loop's
+    result, and after three failures the batch size is not captured again."""
     model = _model("llama")
     hf.enable(model, target=TARGET)
     ids, mask = _prompt(False)
@@ -529,32 +529,34 @@ def test_a_recording_in_which_torch_computed_is_discarded_and_the_step_stands(mo
     monkeypatch.setattr(hf._fused_model, "rmsnorm_forward", lambda module, x: norm(module, x.clone()))
     _, watched, _ = _teacher_forced(model, ids, mask, tokens, steps=6)
     assert torch.equal(watched, looped)
-    assert replay.replays == 0 and replay.discarded[2] == 3
-    assert replay.refused[2] == "torch computed between the kernels: aten.clone.default"
+    assert replay.replays == 0 and replay.failed[2] == 3
+    assert replay.refused[2].endswith("torch computed between the captured launches (a replay would skip it): "
+                                      "aten.clone.default")
 
 
 def test_a_replayed_step_is_as_checked_as_a_called_one():
-    """A replay runs each kernel's own checks on what its tensors hold now: a position past
-    the RoPE tables is refused at the replay, not read out of bounds."""
+    """A replay checks each launch as a call is checked, on what its tensors hold now: a
+    position past the RoPE tables is refused at the replay, not read out of bounds."""
     model = _model("llama")
     hf.enable(model, target=TARGET)
     ids = torch.randint(1, 128, (1, 6), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=True)
-        for _ in range(3):
+        for _ in range(4):
             out = model(input_ids=ids[:, :1], use_cache=True, **{_cache_kw(model): _cache(out)})
         replay = model.model._tileops.fused.replay
-        assert replay.replays == 2  # the first decode step recorded the tape, the next two replayed it
+        # the first decode step built its kernels, the second captured the graph, the next two replayed it
+        assert replay.replays == 2
         assert 0 < replay.replay_seconds < 60  # the last replay's wall time (hf_profile.py's generate split)
         replay.recording.inputs[1].fill_(10**6)  # a position no RoPE table holds
-        with pytest.raises(IndexError, match="position_ids must lie in"):
-            replay.recording.tape.replay()
+        with pytest.raises(ValueError, match="position_ids"):
+            replay.recording.graph.replay()
 
 
 @pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
-def test_threads_decoding_at_once_each_replay_their_own_tape(context):
+def test_threads_decoding_at_once_each_replay_their_own_graph(context):
     """Two threads generate on one enabled model at once, each with its own cache: each
-    records and replays a tape of its own (its own outputs) and gets the tokens it gets
+    captures and replays a graph of its own (its own outputs) and gets the tokens it gets
     alone."""
     model = _model("llama")
     hf.enable(model, target=TARGET)

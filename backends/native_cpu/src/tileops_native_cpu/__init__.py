@@ -16,12 +16,3 @@ register_detector(target=TARGET, detect=detect)
 for _op, _build in BUILDERS.items():
     register_kernel_builder(op=_op, target=TARGET, build_kernel=_build)
 del _op, _build
-
-
-def kernel_tape():
-    """A new tape of native_cpu kernel calls: ``with tape:`` records the calls made on this
-    thread, ``tape.replay()`` runs them again on the same argument tensors and into the
-    same outputs (csrc/bind/tape.h says when that is safe)."""
-    from ._runtime import native  # noqa: PLC0415 - loads the extension
-
-    return native().Tape()

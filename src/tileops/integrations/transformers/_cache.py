@@ -167,7 +167,7 @@ class TileopsCache(Cache):
     def reserve_ahead(self, tokens: int) -> None:
         """Reserves the pages of each sequence's next ``tokens`` tokens now (growing the pool
         if it must), so that the next step's block table holds them all: decode steps
-        replayed from C++ (``_generate.py``) read the table their tape recorded."""
+        replayed from C++ (``_generate.py``) read the table their graph captured."""
         if self.paged is None:
             raise RuntimeError("TileopsCache.reserve_ahead: the cache's first forward makes its pools (step_for)")
         counts = [tokens] * len(self.seqs)
@@ -175,9 +175,9 @@ class TileopsCache(Cache):
         self.reserved_ahead = self.paged.reserve(self.seqs, counts) or self.reserved_ahead
 
     def replayed(self, steps: int) -> None:
-        """``steps`` more decode steps ran after the last one without ``begin_forward``: a
-        tape's ``replay_greedy`` moved the step's lengths tensor on by one each, in the
-        pages ``reserve_ahead`` reserved."""
+        """``steps`` more decode steps ran after the last one without ``begin_forward``:
+        ``tileops.capture.decode_greedy`` moved the step's lengths tensor on by one each, in
+        the pages ``reserve_ahead`` reserved."""
         if steps <= 0:
             return
         step = self.step
@@ -204,7 +204,7 @@ class TileopsCache(Cache):
         self.reserved_ahead = False
         self.paged.advance(self.seqs, counts)
         # A step of the batch before reuses its tensors, updated in place where they change:
-        # a replayed decode step reads the ones its tape recorded.
+        # a replayed decode step reads the ones its graph captured.
         last = self.step if self.step is not None and len(self.step.counts) == len(self.seqs) else None
         same_chunks = last is not None and last.counts == tuple(counts)
         cu = last.cu_seqlens_q if same_chunks else PagedKVCache.cu_seqlens(counts, device)

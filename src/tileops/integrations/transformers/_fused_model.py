@@ -24,9 +24,9 @@ The loop runs only where transformers' forward would add nothing to it:
 Any other call runs transformers' forward over the same patched modules.
 
 A decode step (one token per sequence, on a cache) goes through ``DecodeReplay``
-(``_replay.py``), which replays the layers' kernel calls from a native_cpu tape where
+(``_replay.py``), which replays the layers' op launches from a captured graph where
 that is safe and runs ``layers_forward`` otherwise. A plain causal LM's decode step
-(``_patch.py``) comes to ``decode_logits`` instead, whose tape ends with the LM head.
+(``_patch.py``) comes to ``decode_logits`` instead, whose graph ends with the LM head.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class FusedModel:
 
     def decode_logits(self, head: nn.Linear, kwargs: dict) -> tuple[torch.Tensor, TileopsCache] | None:
         """A causal LM's decode step (``_patch.py``): its forward's keyword arguments ->
-        (logits ``[B, 1, vocab]``, the cache), the layers and ``head`` replayed as one tape
+        (logits ``[B, 1, vocab]``, the cache), the layers and ``head`` replayed as one graph
         (``DecodeReplay``); None where the call is not such a step (transformers' forward
         then runs it). Its logits are the bits of transformers' forward, whose ``lm_head``
         runs the same GEMM on the same rows."""

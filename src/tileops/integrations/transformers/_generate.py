@@ -19,11 +19,13 @@ every step it does exactly as transformers would:
   ``return_dict_in_generate``, each step's logits and scores (``output_logits``,
   ``output_scores``: with no processor they are the same float32 tensors, as in
   transformers' loop) and the cache, but no attentions or hidden states;
-- it prefills and runs the first decode step through the model as transformers does
-  (``_prefill``, ``prepare_inputs_for_generation``), which records the step's tape with
-  the LM head, then hands the remaining steps to the tape's ``replay_greedy``: each
-  sequence's next token is the first largest logit (``torch.argmax``'s pick), a finished
-  sequence gets the pad token, an end-of-sequence token finishes its sequence.
+- it prefills and runs the first decode steps through the model as transformers does
+  (``_prefill``, ``prepare_inputs_for_generation``), one of which captures the step with
+  the LM head as a graph of op launches (``_replay.py``; the first decode step of a new
+  shape builds its kernels, so the next one captures), then hands the remaining steps to
+  the op layer's ``tileops.capture.decode_greedy``: each sequence's next token is the
+  first largest logit (``torch.argmax``'s pick), a finished sequence gets the pad token,
+  an end-of-sequence token finishes its sequence.
 
 The tokens are transformers' greedy tokens: the same kernels on the same values as the
 step it replays, and the same pick. Anything else goes to transformers' own decoding
@@ -46,6 +48,8 @@ from transformers.generation.utils import (
     GenerateDecoderOnlyOutput,
     GenerationMode,
 )
+
+from tileops.capture import decode_greedy
 
 from ._cache import TileopsCache
 from ._compat import cache_field
@@ -197,7 +201,7 @@ def _greedy(model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, g
             if ran is not None:
                 return _result(torch.cat([input_ids, ran], dim=-1), kept, generation_config, model_kwargs)
         if not reserved and cache is not None and cache.paged is not None:
-            # the pages of every step to come, in the block table the next step's tape records
+            # the pages of every step to come, in the block table the next step's graph captures
             cache.reserve_ahead(left)
             reserved = True
         inputs = model.prepare_inputs_for_generation(input_ids, next_sequence_length=1, **model_kwargs)
@@ -219,8 +223,8 @@ def _result(input_ids: torch.Tensor, kept: list[torch.Tensor], generation_config
 def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Tensor, unfinished: torch.Tensor,
                  steps: int, eos: list[int], pad: int, kept: list[torch.Tensor] | None = None) -> torch.Tensor | None:
     """The tokens of the remaining ``steps`` decode steps (fewer where every sequence
-    finished), replayed from C++ on the tape that the step just run recorded or replayed;
-    None where that step did not run through such a tape, or the steps would pass the
+    finished), replayed from C++ on the graph that the step just run captured or replayed;
+    None where that step did not run through such a graph, or the steps would pass the
     positions RoPE serves (the model's forward then runs them, and says so). ``kept``:
     each step's logits as float32 [B, V] are appended to it."""
     rec = st.fused.replay.recording_with(cache, st.head)
@@ -233,8 +237,9 @@ def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Ten
         return None
     tokens = torch.empty(last.shape[0], steps, dtype=torch.long)
     logits = None if kept is None else torch.empty(steps, *rec.output.shape, dtype=torch.float32)
-    ran = rec.tape.replay_greedy(steps, rec.output, model.get_input_embeddings().weight, rows, positions,
-                                 step.cache_seqlens, last.contiguous(), tokens, unfinished, eos, pad, kept_logits=logits)
+    ran = decode_greedy(rec.graph, steps, logits=rec.output, table=model.get_input_embeddings().weight, rows=rows,
+                        positions=positions, lengths=step.cache_seqlens, last=last.contiguous(), tokens=tokens,
+                        unfinished=unfinished, eos=eos, pad=pad, kept_logits=logits)
     if kept is not None:
         kept.extend(logits[:ran].unbind(0))
     cache.replayed(ran)

@@ -119,7 +119,7 @@ _PLAIN_CAUSAL_LMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM
 def _causal_lm_forward_like(cls_forward: Any) -> Any:
     """The causal LM's forward, with the signature of its class's (``generate`` reads it): a
     decode step it can serve whole goes to ``FusedModel.decode_logits`` (the layers and
-    lm_head replayed as one tape, none of transformers' module calls and outputs around
+    lm_head replayed as one graph, none of transformers' module calls and outputs around
     them); any other call to transformers' forward."""
 
     @functools.wraps(cls_forward)
