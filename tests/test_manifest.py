@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tileops import manifest
 from tileops.backend.types import TensorSpec
-from tileops.manifest import ManifestError, OpEntry, _load_from
+from tileops.manifest import ManifestError, OpEntry, _index, _load_from
 from tileops.manifest._expr import broadcast_shapes, reduced_shape
 from tileops.testing.harness import index_inputs
 from tileops.testing.references import reference, tolerance
@@ -110,10 +110,14 @@ def test_an_unknown_op_name_raises_a_lookup_error_listing_the_known_names() -> N
 def test_importing_the_manifest_module_reads_no_file() -> None:
     code = (
         "import sys, tileops.manifest as m\n"
-        "assert m._entries is None, 'loaded at import'\n"
-        "assert 'tileops.manifest._load' not in sys.modules\n"
-        "m.entry('RMSNormFwdOp')\n"
+        "assert m._by_file == {} and m._entries is None, 'loaded at import'\n"
+        "assert 'tileops.manifest._load' not in sys.modules and 'yaml' not in sys.modules\n"
+        "m.entry('RMSNormFwdOp')\n"  # parses the one file that declares it
+        "assert [p.name for p in m._by_file] == ['normalization.yaml'], list(m._by_file)\n"
+        "assert m._entries is None\n"
+        "m.all_entries()\n"
         "assert m._entries is not None\n"
+        "assert len(m._by_file) == len(list(m.manifest_dir().glob('*.yaml')))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
@@ -125,6 +129,90 @@ def test_the_shipped_folder_loads_through_the_private_loader_too() -> None:
     entries = _load_from([manifest.manifest_dir()])
     assert sorted(entries) == OPS
     assert entries["RMSNormFwdOp"] is not manifest.entry("RMSNormFwdOp")  # no cache involved
+
+
+# --- the index: names and modules from a text scan ----------------------------------------
+
+
+def test_the_scan_reads_every_shipped_manifest_and_agrees_with_its_parse() -> None:
+    # Every shipped file in the plain form, so that `import tileops.ops` parses none.
+    for path in sorted(manifest.manifest_dir().glob("*.yaml")):
+        scanned = _index.scan(path)
+        assert scanned is not None, f"{path.name} is not in the form the index scan reads"
+        parsed = _load_from([path])
+        _index.check_against(scanned, {name: e.modules for name, e in parsed.items()})
+    assert list(manifest.index()) == list(manifest.all_entries())
+    for name, declared in manifest.index().items():
+        assert declared.modules == manifest.entry(name).modules
+        assert declared.source == manifest.entry(name).source
+
+
+PLAIN = """\
+# a comment
+FirstOp:   # one more
+  family: norm
+  module: tileops.ops.norm.first
+  doc: "module: not this one"
+  upstream:
+    module: tileops.ops.nested.is_not_read
+SecondOp:
+    module: [tileops.ops.a.second, tileops.ops.b]  # indented by four
+    family: norm
+"""
+
+
+def test_the_scan_reads_names_and_modules_in_the_plain_form(tmp_path: Path) -> None:
+    path = _write(tmp_path, PLAIN)
+    assert _index.scan(path) == [
+        manifest.Declared("FirstOp", path, ("tileops.ops.norm.first",)),
+        manifest.Declared("SecondOp", path, ("tileops.ops.a.second", "tileops.ops.b")),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"QuotedOp":\n  module: tileops.ops.x\n',  # a quoted name
+        "BlockOp:\n  module:\n    - tileops.ops.x\n",  # module: as a block list
+        "MergedOp:\n  <<: *base\n",  # module: through a merge key (none written)
+        "---\nDocOp:\n  module: tileops.ops.x\n",  # a document marker
+        "FlowOp: {module: tileops.ops.x}\n",  # an entry as a flow mapping
+        "AnchorOp: &a\n  module: tileops.ops.x\n",  # an anchor on the entry
+        "QuotedModuleOp:\n  module: 'tileops.ops.x'\n",  # a quoted module
+        "SplitOp:\n  module: [tileops.ops.x,\n    tileops.ops.y]\n",  # a list on two lines
+        "TwiceOp:\n  module: tileops.ops.x\n  module: tileops.ops.y\n",  # module: twice
+        "OutsideOp:\n  module: os.path\n",  # not under tileops.ops: the parse says why
+        "SameOp:\n  module: tileops.ops.x\nSameOp:\n  module: tileops.ops.x\n",  # a name twice
+        "  module: tileops.ops.x\n",  # indented before any name
+        "",  # no entry
+    ],
+)
+def test_the_scan_leaves_any_other_form_to_the_parse(tmp_path: Path, text: str) -> None:
+    assert _index.scan(_write(tmp_path, text)) is None
+
+
+def test_a_parse_that_disagrees_with_the_scan_is_a_manifest_error(tmp_path: Path) -> None:
+    scanned = _index.scan(_write(tmp_path, PLAIN))
+    assert scanned is not None
+    both = {
+        "FirstOp": ("tileops.ops.norm.first",),
+        "SecondOp": ("tileops.ops.a.second", "tileops.ops.b"),
+    }
+    _index.check_against(scanned, both)
+    with pytest.raises(ManifestError, match="text scan"):
+        _index.check_against(scanned, {"FirstOp": ("tileops.ops.norm.first",)})
+    with pytest.raises(ManifestError, match="text scan"):
+        _index.check_against(
+            scanned, {"FirstOp": ("tileops.ops.other",), "SecondOp": ("tileops.ops.b",)}
+        )
+
+
+def test_the_index_refuses_an_op_declared_in_two_files(tmp_path: Path) -> None:
+    one = _index.scan(_write(tmp_path, PLAIN, "one.yaml"))
+    two = _index.scan(_write(tmp_path, "FirstOp:\n  module: tileops.ops.y\n", "two.yaml"))
+    assert one is not None and two is not None
+    with pytest.raises(ManifestError, match="also declared in"):
+        _index.merge([one, two])
 
 
 # --- malformed manifests ----------------------------------------------------------------

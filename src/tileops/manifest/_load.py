@@ -13,6 +13,7 @@ import yaml
 from ._entry import InputDecl, OpEntry, OutputDecl, ParamDecl, _Workload
 from ._errors import ManifestError
 from ._expr import HELPERS, Expr, ExprError, compile_expr
+from ._index import OPS_PACKAGE, is_module_path
 from ._types import (
     DTYPE_NAMES,
     ParamType,
@@ -38,8 +39,6 @@ _ENTRY_KEYS = {
     "upstream",
 }
 _ENTRY_OPTIONAL = {"torch_compile_fullgraph", "doc", "upstream"}
-# Op classes live under this package; `module:` names where (see ops/_catalog.py).
-_OPS_PACKAGE = "tileops.ops"
 _SIGNATURE_KEYS = {"inputs", "outputs", "params", "param_rules", "shape_rules", "value_rules"}
 _SIGNATURE_OPTIONAL = {"params", "param_rules", "shape_rules", "value_rules"}
 _INPUT_KEYS = {"dtype", "optional", "mutated"}
@@ -176,14 +175,9 @@ def _modules(ctx: _Ctx, value: Any) -> tuple[str, ...]:
     if not paths:
         raise ctx.error("module", "expected a module path or a non-empty list of them")
     for path in paths:
-        parts = path.split(".") if isinstance(path, str) else []
-        if (
-            not path.startswith(_OPS_PACKAGE + ".")
-            or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
-            or any(p.startswith("_") for p in parts)
-        ):
+        if not is_module_path(path):
             raise ctx.error(
-                "module", f"expected a dotted module path under {_OPS_PACKAGE}, got {path!r}"
+                "module", f"expected a dotted module path under {OPS_PACKAGE}, got {path!r}"
             )
     if len(set(paths)) != len(paths):
         raise ctx.error("module", f"names a module twice: {paths!r}")

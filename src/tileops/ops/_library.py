@@ -18,6 +18,7 @@ mutated in its one op, which also returns the outputs.
 from __future__ import annotations
 
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -32,6 +33,7 @@ Op = Any
 _BUILTIN_TAG = "<builtin>"
 _instances: OrderedDict[tuple, Op] = OrderedDict()
 _INSTANCE_BOUND = 64
+_defining = threading.local()
 
 
 def _schema_type(type_text: str) -> str:
@@ -65,10 +67,14 @@ def extra_args(cls: Any) -> dict[str, str]:
     return extra
 
 
-def _op_name(cls: type) -> str:
-    """Schema name of an op class: RMSNormFwdOp -> rms_norm_fwd."""
-    name = cls.__name__.removesuffix("Op")
+def schema_name(class_name: str) -> str:
+    """Schema name of an op class's name: RMSNormFwdOp -> rms_norm_fwd."""
+    name = class_name.removesuffix("Op")
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def _op_name(cls: type) -> str:
+    return schema_name(cls.__name__)
 
 
 def _schema(cls: type, mutating: bool, returns: bool) -> str:
@@ -92,8 +98,22 @@ def _schema(cls: type, mutating: bool, returns: bool) -> str:
     return f"({', '.join(args)}) -> {outputs}"
 
 
+def defining() -> bool:
+    """Whether this thread is inside ``define_custom_op``: torch looks the name up there
+    before defining it, and that lookup must not make the op (``_catalog``)."""
+    return getattr(_defining, "depth", 0) > 0
+
+
 def define_custom_op(cls: Any) -> None:
     """Registers ``tileops::<op_name>`` (and ``<op_name>_`` where an input is written)."""
+    _defining.depth = getattr(_defining, "depth", 0) + 1
+    try:
+        _define(cls)
+    finally:
+        _defining.depth -= 1
+
+
+def _define(cls: Any) -> None:
     entry = cls._entry
     name = _op_name(cls)
     n_inputs = len(entry.inputs)

@@ -10,7 +10,11 @@ from typing import Any
 
 import torch
 
+from . import _catalog
 from .op import Op
+
+# The ops of this module that are generated from their entries, made on first use.
+__getattr__, __dir__ = _catalog.lazy_members(__name__)
 
 
 def _factors_from_tensor(op: str, factors: Any) -> Any:

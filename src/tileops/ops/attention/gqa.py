@@ -17,7 +17,11 @@ import torch
 
 from ...backend.errors import OpNotAvailableError
 from ...backend.types import Target, _Builtin
+from .. import _catalog
 from ..op import Op
+
+# The ops of this module that are generated from their entries, made on first use.
+__getattr__, __dir__ = _catalog.lazy_members(__name__)
 
 _SHAPE_ARGS = {"batch": "int", "heads": "int", "heads_kv": "int"}
 _SCORE_ARGS = {"sm_scale": "float?", "softcap": "float?"}

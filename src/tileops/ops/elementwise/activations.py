@@ -3,7 +3,11 @@ module (GeluFwdOp, SiluAndMulFwdOp) are generated from their manifest entries.""
 
 from __future__ import annotations
 
+from .. import _catalog
 from ..op import Op
+
+# The ops of this module that are generated from their entries, made on first use.
+__getattr__, __dir__ = _catalog.lazy_members(__name__)
 
 
 class _InPlaceCapable(Op):

@@ -1,7 +1,8 @@
 """GEMM-family ops (manifests: gemm.yaml, bmm.yaml)."""
 
-from .gemm import GemmFwdOp
+from .. import _catalog
 
-#: The name upstream's earlier example backend imports; the same class, so the op keeps
-#: its manifest name (a builder registered as "GemmOp" is still never called).
-GemmOp = GemmFwdOp
+# The op classes and generated modules the manifests put here, made on first use.
+# GemmOp: the name upstream's earlier example backend imports; the same class, so the op
+# keeps its manifest name (a builder registered as "GemmOp" is still never called).
+__getattr__, __dir__ = _catalog.lazy_members(__name__, aliases={"GemmOp": "GemmFwdOp"})
