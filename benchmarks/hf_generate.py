@@ -30,7 +30,7 @@ HF + tileops is the enabled model's own ``generate``: for these greedy searches,
 prefill and the first decode step run the model and every later step replays from C++
 (docs/transformers.md, "Greedy search with its decode steps in C++"); hf_profile.py
 times it against transformers' loop over the same replayed steps. At the end: how many of
-tileops' decode steps were replayed from a native_cpu kernel tape, and how many of those
+tileops' decode steps were replayed from a captured graph of op launches, and how many of those
 by the search's loop in C++.
 """
 
@@ -61,7 +61,7 @@ def read_bandwidth_gbs(repeats: int = 5) -> float:
 
 def peak_probe() -> str:
     """What native_cpu's bfloat16 peak probe times in the build this CPU runs
-    (kernels/probe.h)."""
+    (csrc/bind/probe.cc)."""
     from tileops_native_cpu import builders  # noqa: PLC0415
 
     return "vdpbf16ps" if builders.native().isa() == "avx512" else "float FMA"
@@ -216,9 +216,9 @@ def main() -> int:
             print(f"{'':<14} greedy tokens vs eager: {agreement(tokens['HF eager'], tokens['HF + tileops'], prompt)}")
     fused = getattr(getattr(on_tileops.model, "_tileops", None), "fused", None)
     replay = getattr(fused, "replay", None)
-    if replay is not None:  # decode steps replayed from a native_cpu kernel tape (docs/transformers.md)
+    if replay is not None:  # decode steps replayed from a captured graph (docs/transformers.md)
         refused = f"; not replayed at batch sizes {replay.refused}" if replay.refused else ""
-        print(f"\nHF + tileops decode steps replayed from a kernel tape: {replay.replays}, of which {replay.searched} "
+        print(f"\nHF + tileops decode steps replayed from a captured graph: {replay.replays}, of which {replay.searched} "
               f"by greedy search's loop in C++{refused}")
     return 0
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from tileops.rope_tables import cos_sin
 from tileops.serving import huge_page_empty, huge_pages_available
 from tileops_native_cpu import builders as nb
 from tileops_native_cpu.builders import BUILDERS
@@ -98,29 +99,12 @@ SCALED_ROPES = (
 
 
 def rope_tables(seq: int, dim: int, dtype: torch.dtype, base: float = 10000.0):
-    half = dim // 2
-    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
-    ang = torch.outer(torch.arange(seq, dtype=torch.float32), freqs)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    return cos_sin(torch.arange(seq), dim, base, dtype)
 
 
 def _scaled_rope_tables(op: str, seq: int, dim: int, params: dict, dtype: torch.dtype):
-    from tileops.testing.references import (
-        llama31_inv_freq,
-        longrope_factor,
-        longrope_inv_freq,
-        rope_cos_sin,
-        yarn_inv_freq,
-    )
-
-    p = dict(params)
-    if op == "RopeLongRopeFwdOp":
-        freqs = longrope_inv_freq(dim // 2, 10000.0, rescale_factors=p["rescale_factors"])
-        factor = longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"])
-        return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
-    factor = p.pop("attn_factor", 1.0)
-    freqs = (llama31_inv_freq if op == "RopeLlama31FwdOp" else yarn_inv_freq)(dim // 2, 10000.0, **p)
-    return rope_cos_sin(torch.arange(seq), dim, 10000.0, dtype, freqs, factor)
+    scaling = {"RopeLlama31FwdOp": "llama31", "RopeYarnFwdOp": "yarn", "RopeLongRopeFwdOp": "longrope"}[op]
+    return cos_sin(torch.arange(seq), dim, 10000.0, dtype, scaling, params)
 
 
 def rope_eager(x, cos, sin):

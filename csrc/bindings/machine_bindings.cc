@@ -25,14 +25,16 @@ void bind_machine(nb::module_& m) {
         return released([&] { return machine::bandwidth(kind, mib, threads, repeats); });
       },
       nb::arg("kind"), nb::arg("mib"), nb::arg("threads"), nb::arg("repeats"),
-      "GB/s of each repeat of a 'read' or 'copy' pass over `mib` MiB on `threads` threads");
+      "GB/s of each repeat of a 'read', 'copy' or 'copy_stream' pass over `mib` MiB on `threads` "
+      "threads");
   machine.def(
       "fp32_fma_peak",
-      [](int threads, int repeats, double ms) {
-        return released([&] { return machine::fp32_fma_peak(threads, repeats, ms); });
+      [](int threads, int repeats, double ms, const std::string& isa) {
+        return released([&] { return machine::fp32_fma_peak(threads, repeats, ms, isa); });
       },
-      nb::arg("threads"), nb::arg("repeats"), nb::arg("ms") = 50.0,
-      "GFLOP/s of each repeat of fp32 FMA throughput on `threads` threads");
+      nb::arg("threads"), nb::arg("repeats"), nb::arg("ms") = 50.0, nb::arg("isa") = "",
+      "GFLOP/s of each repeat of fp32 FMA throughput on `threads` threads, with the widest "
+      "instructions or those `isa` names ('avx512f', 'avx2+fma', 'scalar')");
   machine.def("fp32_fma_isa", &machine::fp32_fma_isa, "the instructions fp32_fma_peak uses");
   machine.def(
       "bf16_dot_peak",

@@ -48,8 +48,24 @@ def test_the_bf16_probe_is_available_exactly_where_the_cpu_has_avx512_bf16():
         assert _C.machine.bf16_dot_peak(1, 1, 1.0)[0] > 0
 
 
+@pytest.mark.parametrize("kind", ["read", "copy", "copy_stream"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_each_bandwidth_probe_reports_a_rate_per_repeat(kind, threads):
+    # 3 MiB: buffers of a part of a huge page; 3 threads: shares of unequal length
+    rates = _C.machine.bandwidth(kind, 3, threads, 2)
+    assert len(rates) == 2 and all(0 < r < 1e5 for r in rates), rates
+
+
+def test_the_fp32_probe_runs_the_widest_instructions_or_the_ones_named():
+    assert _C.machine.fp32_fma_isa() in ("avx512f", "avx2+fma", "scalar")
+    assert _C.machine.fp32_fma_peak(1, 1, 1.0, "scalar")[0] > 0
+    assert _C.machine.fp32_fma_peak(1, 1, 1.0, _C.machine.fp32_fma_isa())[0] > 0
+    with pytest.raises(ValueError, match=r"'avx512f', 'avx2\+fma' or 'scalar', got 'sse'"):
+        _C.machine.fp32_fma_peak(1, 1, 1.0, "sse")
+
+
 def test_the_probes_refuse_bad_arguments_naming_them():
-    with pytest.raises(ValueError, match="kind must be 'read' or 'copy', got 'write'"):
+    with pytest.raises(ValueError, match="'read', 'copy' or 'copy_stream', got 'write'"):
         _C.machine.bandwidth("write", 1, 1, 1)
     with pytest.raises(ValueError, match=r"threads must be in \[1, 1024\], got 0"):
         _C.machine.fp32_fma_peak(0, 1, 1.0)

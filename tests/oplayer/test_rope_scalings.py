@@ -1,24 +1,22 @@
 """The references of the RoPE variants, checked against what each one is for rather than
 restated: the bands of dims Llama-3.1's and YaRN's frequencies keep, divide or interpolate
 (at the manifests' default params), NonNeox as NeoX over de-interleaved channels, and every
-position-id form at positions 0..S-1 as its positional form."""
+position-id form at positions 0..S-1 as its positional form. The frequencies and tables are
+tileops.rope_tables', which backends building their own tables import too."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import torch
 
 import pytest
 
 from tileops.ops.rope import RopeLongRopeFwdOp, RopeLongRopePositionIdsFwdOp
-from tileops.testing.references import (
-    llama31_inv_freq,
-    longrope_factor,
-    longrope_inv_freq,
-    reference,
-    yarn_inv_freq,
-)
+from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, yarn_inv_freq
+from tileops.testing.references import reference
 
 HALF, BASE = 64, 10000.0
 PLAIN = 1.0 / (BASE ** (torch.arange(HALF, dtype=torch.float32) / HALF))
@@ -128,3 +126,14 @@ def test_longrope_with_factors_compiles_to_one_custom_op_call_that_matches_eager
     compiled = torch.compile(lambda t: op(t), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), op(x))
     torch._dynamo.reset()
+
+
+@pytest.mark.subprocess
+def test_the_rope_tables_load_without_the_op_layer():
+    """A backend's builders take their tables from here without loading the op catalog."""
+    script = ("import sys, tileops.rope_tables; heavy = ('tileops.ops', 'tileops.manifest', 'yaml'); "
+              "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -12,7 +12,6 @@ namespace tnc::isa_avx512 {
 #include "kernels/gemm_avx512_bf16.h"
 #include "kernels/gemm_avx512_bf16_nt.h"
 #include "kernels/moe_avx512_bf16.h"
-#include "kernels/probe_avx512_bf16.h"
 }  // namespace tnc::isa_avx512
 
 void tnc::register_kernels_avx512(KernelTable& table) {
@@ -20,5 +19,4 @@ void tnc::register_kernels_avx512(KernelTable& table) {
   isa_avx512::register_attention_avx512_bf16(table);
   isa_avx512::register_gemm_avx512_bf16(table);
   isa_avx512::register_moe_avx512_bf16(table);
-  isa_avx512::register_probe_avx512_bf16(table);
 }

@@ -32,8 +32,8 @@ OutputBlock output_cache_take(size_t bytes);
 void output_cache_give(OutputBlock block);
 
 // A fresh mapping of huge_block_capacity(bytes), 2 MiB aligned, huge pages advised;
-// {nullptr, 0} where mmap is missing or fails. Also what the machine probes measure on
-// (bind/probe.cc), so that their ceiling is the memory our outputs live in.
+// {nullptr, 0} where mmap is missing or fails. tileops' machine probes (bind/probe.cc)
+// measure on mappings made the same way, so their ceiling is the memory our outputs live in.
 OutputBlock map_huge_block(size_t bytes);
 void unmap_block(OutputBlock block);
 

@@ -287,7 +287,7 @@ def test_batched_decode_gemm_is_exact_on_small_integers(threads, m, k):
 
 
 # A RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
-# builders share nothing but the rotation and the scaling's frequencies (ROPE_SCALINGS).
+# builders share nothing but the rotation and the scaling's frequencies (tileops.rope_tables).
 @pytest.mark.parametrize("op, params", [
     ("RopeNonNeox", {}),
     ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),

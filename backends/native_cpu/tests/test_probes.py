@@ -1,4 +1,5 @@
-"""The machine probes benchmarks/native_latency.py measures against."""
+"""The machine probes the benchmarks measure against: tileops' own (tileops._C.machine),
+reached through _C.probe_bandwidth and _C.probe_bf16_peak."""
 
 import math
 
@@ -16,12 +17,14 @@ def test_bandwidth_probes_report_a_rate_per_repeat(native, kind, threads):
 
 
 def test_bandwidth_probe_refusals(native):
-    with pytest.raises(ValueError, match="probe_write"):
+    with pytest.raises(ValueError, match="kind must be 'read', 'copy' or 'copy_stream', got 'write'"):
         native.probe_bandwidth("write", 8, 1, 1)
     with pytest.raises(ValueError, match="threads must be in"):
         native.probe_bandwidth("read", 8, 0, 1)
-    with pytest.raises(ValueError, match="mib and repeats"):
+    with pytest.raises(ValueError, match="mib must be >= 1"):
         native.probe_bandwidth("read", 0, 1, 1)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        native.probe_bandwidth("read", 8, 1, 0)
 
 
 def test_bf16_peak_probe(native):

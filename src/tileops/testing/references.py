@@ -16,14 +16,14 @@ manifest's inputs and params as they are needs nothing here.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from tileops import manifest
+from tileops.rope_tables import cos_sin
 
 Tensor = torch.Tensor
 RefResult = Tensor | tuple[Tensor, ...]
@@ -84,81 +84,7 @@ def _api(path: str | None) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-# --- RoPE tables ----------------------------------------------------------------------
-
-
-def plain_inv_freq(half: int, base: float, device: torch.device | None = None) -> Tensor:
-    """inv_freq[k] = 1 / base ** (k / half), in float32."""
-    return 1.0 / (base ** (torch.arange(half, dtype=torch.float32, device=device) / half))
-
-
-def rope_cos_sin(
-    positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype,
-    inv_freq: Tensor | None = None, factor: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """cos and sin, each [len(positions), rotary_dim // 2], times ``factor``, cast to ``dtype``.
-
-    inv_freq (by default plain_inv_freq, or a scaling's) and angle = position * inv_freq,
-    both in float32 (the usual recipe, and the one the ops document), so fp32 results can
-    be compared tightly with a kernel that builds its tables the same way.
-    """
-    freqs = plain_inv_freq(rotary_dim // 2, base, positions.device) if inv_freq is None else inv_freq
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
-    return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
-
-
-def llama31_inv_freq(
-    half: int, base: float, *, scale_factor: float, low_freq_factor: float, high_freq_factor: float,
-    original_max_position: int, device: torch.device | None = None,
-) -> Tensor:
-    """Llama-3.1's frequencies: wavelengths 2*pi/f shorter than orig/high_freq_factor keep
-    f, longer than orig/low_freq_factor take f/scale_factor, and a linear blend between."""
-    inv_freq = plain_inv_freq(half, base, device)
-    wavelength = 2 * math.pi / inv_freq
-    low_wl, high_wl = original_max_position / low_freq_factor, original_max_position / high_freq_factor
-    smooth = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    blended = (1 - smooth) * inv_freq / scale_factor + smooth * inv_freq
-    return torch.where(wavelength < high_wl, inv_freq, torch.where(wavelength > low_wl, inv_freq / scale_factor, blended))
-
-
-def yarn_inv_freq(
-    half: int, base: float, *, scale: float, original_max_position: int, beta_fast: float, beta_slow: float,
-    device: torch.device | None = None,
-) -> Tensor:
-    """YaRN's frequencies, as upstream computes them: interpolated (scale applied to the
-    base) below the beta_slow correction dim, extrapolated above beta_fast, a ramp between;
-    correction dims are taken over `half`."""
-    k = torch.arange(half, dtype=torch.float32, device=device)
-    extra, inter = plain_inv_freq(half, base, device), plain_inv_freq(half, scale * base, device)
-
-    def correction_dim(rotations: float) -> float:
-        return half * math.log(original_max_position / (2 * math.pi * rotations)) / (2 * math.log(base))
-
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), half - 1)
-    if low == high:
-        high += 1
-    keep = 1 - ((k - low) / (high - low)).clamp(0, 1)  # 1: extrapolated, 0: interpolated
-    return inter * (1 - keep) + extra * keep
-
-
-def longrope_inv_freq(
-    half: int, base: float, *, rescale_factors: tuple[float, ...] | None, device: torch.device | None = None
-) -> Tensor:
-    """LongRoPE's frequencies: each plain frequency divided by its rescale factor, i.e.
-    1 / (rescale_factors[k] * base ** (k / half)); None: the plain ones."""
-    inv_freq = plain_inv_freq(half, base, device)
-    if rescale_factors is None:
-        return inv_freq
-    return inv_freq / torch.tensor(rescale_factors, dtype=torch.float32, device=device)
-
-
-def longrope_factor(max_position_embeddings: int, original_max_position_embeddings: int) -> float:
-    """LongRoPE's factor on cos and sin: sqrt(1 + ln r / ln orig) for r = max / orig > 1, else 1."""
-    ratio = max_position_embeddings / original_max_position_embeddings
-    if ratio <= 1:
-        return 1.0
-    return math.sqrt(1 + math.log(ratio) / math.log(original_max_position_embeddings))
+# --- RoPE rotations (their cos/sin tables: tileops.rope_tables) -----------------------
 
 
 def _rotate_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -254,45 +180,14 @@ def _gated(activation: Callable[[Tensor], Tensor]) -> Callable[..., RefResult]:
     return ref
 
 
-class _RopeScaling(NamedTuple):
-    """A RoPE scaling's frequencies, the params they take, and what multiplies cos and sin
-    (from the op's params)."""
-
-    inv_freq: Callable[..., Tensor]
-    names: tuple[str, ...]
-    factor: Callable[[dict[str, Any]], float] = lambda params: 1.0
-
-
-_LLAMA31 = _RopeScaling(llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position"))
-_YARN = _RopeScaling(
-    yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), lambda p: p["attn_factor"]
-)
-_LONGROPE = _RopeScaling(
-    longrope_inv_freq,
-    ("rescale_factors",),
-    lambda p: longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"]),
-)
-
-
-def _scaled_cos_sin(
-    scaling: _RopeScaling | None, positions: Tensor, rotary_dim: int, base: float, dtype: torch.dtype,
-    params: dict[str, Any],
-) -> tuple[Tensor, Tensor]:
-    if scaling is None:
-        return rope_cos_sin(positions, rotary_dim, base, dtype)
-    freqs = scaling.inv_freq(rotary_dim // 2, base, device=positions.device, **{n: params[n] for n in scaling.names})
-    return rope_cos_sin(positions, rotary_dim, base, dtype, freqs, scaling.factor(params))
-
-
-def _rope_neox(
-    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
-) -> Callable[..., RefResult]:
-    """NeoX rotation (or ``rotate``) at positions 0..S-1, plain or with a scaling's frequencies."""
+def _rope_neox(scaling: str | None = None, rotate: Callable[..., Tensor] = _rotate_neox) -> Callable[..., RefResult]:
+    """NeoX rotation (or ``rotate``) at positions 0..S-1, plain or with the frequencies of
+    ``scaling`` (a tileops.rope_tables.SCALINGS name)."""
 
     def ref(x: Tensor, *, layout: str, base: float, **params: Any) -> Tensor:
         seq_len = x.shape[1] if layout == "2d" else x.shape[0]
         positions = torch.arange(seq_len, device=x.device)
-        cos, sin = _scaled_cos_sin(scaling, positions, x.shape[-1], base, x.dtype, params)
+        cos, sin = cos_sin(positions, x.shape[-1], base, x.dtype, scaling, params)
         if layout == "2d":  # [S, D/2] -> [S, 1, D/2] against x [B, S, H, D]
             cos, sin = cos[:, None, :], sin[:, None, :]
         return _down(rotate(_up(x), _up(cos), _up(sin)), x)  # type: ignore[arg-type]
@@ -301,7 +196,7 @@ def _rope_neox(
 
 
 def _rope_neox_position_ids(
-    scaling: _RopeScaling | None = None, rotate: Callable[..., Tensor] = _rotate_neox
+    scaling: str | None = None, rotate: Callable[..., Tensor] = _rotate_neox
 ) -> Callable[..., RefResult]:
     """NeoX rotation (or ``rotate``) at explicit positions, plain or with a scaling's frequencies."""
 
@@ -316,7 +211,7 @@ def _rope_neox_position_ids(
                 f"[{int(position_ids.min())}, {int(position_ids.max())}]"
             )
         # Rows of the [max_position, rotary_dim/2] table, computed only where needed.
-        cos, sin = _scaled_cos_sin(scaling, position_ids, rotary_dim, base, x.dtype, params)
+        cos, sin = cos_sin(position_ids, rotary_dim, base, x.dtype, scaling, params)
         xf = _up(x)
         assert xf is not None
         rotated = rotate(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
@@ -605,14 +500,14 @@ _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
     "GeluAndMulFwdOp": lambda: _gated(F.gelu),
     "RopeNeoxFwdOp": _rope_neox,
     "RopeNeoxPositionIdsFwdOp": _rope_neox_position_ids,
-    "RopeLlama31FwdOp": lambda: _rope_neox(_LLAMA31),
-    "RopeYarnFwdOp": lambda: _rope_neox(_YARN),
-    "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids(_LLAMA31),
-    "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids(_YARN),
+    "RopeLlama31FwdOp": lambda: _rope_neox("llama31"),
+    "RopeYarnFwdOp": lambda: _rope_neox("yarn"),
+    "RopeLlama31PositionIdsFwdOp": lambda: _rope_neox_position_ids("llama31"),
+    "RopeYarnPositionIdsFwdOp": lambda: _rope_neox_position_ids("yarn"),
     "RopeNonNeoxFwdOp": lambda: _rope_neox(rotate=_rotate_pairs),
     "RopeNonNeoxPositionIdsFwdOp": lambda: _rope_neox_position_ids(rotate=_rotate_pairs),
-    "RopeLongRopeFwdOp": lambda: _rope_neox(_LONGROPE),
-    "RopeLongRopePositionIdsFwdOp": lambda: _rope_neox_position_ids(_LONGROPE),
+    "RopeLongRopeFwdOp": lambda: _rope_neox("longrope"),
+    "RopeLongRopePositionIdsFwdOp": lambda: _rope_neox_position_ids("longrope"),
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp": _gqa_decode,
     "GroupedQueryAttentionPrefillFwdOp": _varlen_prefill,
     "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp": _paged_prefill,

@@ -15,7 +15,6 @@
 #include "kernels/gemm.h"
 #include "kernels/attention.h"
 #include "kernels/moe.h"
-#include "kernels/probe.h"
 
 inline void register_families(tnc::KernelTable& t) {
   register_norm(t);
@@ -26,5 +25,4 @@ inline void register_families(tnc::KernelTable& t) {
   register_gemm(t);
   register_attention(t);
   register_moe(t);
-  register_probe(t);
 }

@@ -21,7 +21,6 @@
 #include "kernels/gemm_args.h"
 #include "kernels/moe_args.h"
 #include "kernels/norm_args.h"
-#include "kernels/probe_args.h"
 #include "kernels/reduction_args.h"
 #include "kernels/rope_args.h"
 #include "kernels/softmax_args.h"

@@ -1,8 +1,9 @@
 """The ``build_kernel`` of every op for the ``native_cpu`` target: the table ``BUILDERS``.
 
-This module does not import tileops: a builder only reads ``.device``, ``.dtype`` and
-``.shape`` of each spec (``TensorSpec`` is duck-typed), so the builders can be tested and
-benchmarked without the op layer.
+This module does not import tileops' op layer (the RoPE builders take their tables from
+``tileops.rope_tables``, which imports torch only): a builder only reads ``.device``,
+``.dtype`` and ``.shape`` of each spec (``TensorSpec`` is duck-typed), so the builders can be
+tested and benchmarked without the op layer.
 
 A builder accepts exactly what the op's manifest (``src/tileops/manifest/*.yaml``) accepts:
 it refuses anything else with an error naming what was expected and what arrived (the op
@@ -22,7 +23,7 @@ Threads: a kernel is sized to ``torch.get_num_threads()`` as read when it is bui
 value is part of the specialisation key).
 
 A new op with a native kernel is one line in ``_TABLE`` (op name -> a builder factory of
-its family, ``factories.py``); see the README for the C++ side. Shared machinery (the
+its family, ``factories/<family>.py``); see the README for the C++ side. Shared machinery (the
 extension, the specialisation LRU, the input checks) is in ``_runtime.py``.
 """
 
@@ -30,30 +31,32 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime import ALL_DTYPES, FLOATS, HALVES, INTEGRAL, MAX_DIMS, TARGET, native, native_dtype, specialisations
-from .factories import (
-    Builder,
-    Factory,
-    activation,
-    activation_by_approximate,
-    attention,
-    binary,
-    bmm,
-    clamp,
+from ._runtime import (
+    ALL_DTYPES,
+    FLOATS,
+    HALVES,
+    INTEGRAL,
+    MAX_DIMS,
+    TARGET,
+    native,
+    native_dtype,
+    specialisations,
+)
+from .factories.attention import attention
+from .factories.common import Builder, Factory
+from .factories.elementwise import activation, activation_by_approximate, binary, clamp, gated
+from .factories.gemm import bmm, gemm
+from .factories.moe import fused_moe, fused_topk
+from .factories.norm import (
     fused_add_layer_norm,
     fused_add_rms_norm,
-    fused_moe,
-    fused_topk,
-    gated,
-    gemm,
     group_norm,
     layer_norm,
-    reduction,
     rms_norm,
-    rope,
-    rope_position_ids,
-    softmax,
 )
+from .factories.reduction import reduction
+from .factories.rope import rope, rope_position_ids
+from .factories.softmax import softmax
 
 __all__ = ["ALL_DTYPES", "BUILDERS", "FLOATS", "HALVES", "INTEGRAL", "MAX_DIMS", "TARGET", "Builder", "Factory", "detect",
            "native", "native_dtype", "specialisations"]
