@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test test-cpp test-py test-native test-transformers-oldest gtest sanitize model clean
+.PHONY: setup demo test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -72,26 +72,38 @@ test-cpp: setup gtest
 # every core themselves, and two workers made it slower (44 s against 29 s).
 PYTEST := -m pytest -q -n auto --dist loadfile
 
+# The base venv holds no backend: the tests that run models on the installed backends
+# (marked `models`) are test-integrations'.
 test-py: setup
-	$(PY) $(PYTEST) tests
+	$(PY) $(PYTEST) tests -m "not models"
 
 # The native C++ backend's own suite, where it is the only backend installed (a
 # throwaway overlay: tools/overlay_venv.sh --run; its build stays in backends/native_cpu/build).
-# TILEOPS_REQUIRE_REAL_MODEL: the real-checkpoint tests fail, not skip, without the model.
-test-native: setup $(MODEL_GGUF)
-	TILEOPS_REQUIRE_REAL_MODEL=1 tools/overlay_venv.sh --run backends/native_cpu -- \
+test-native: setup
+	tools/overlay_venv.sh --run backends/native_cpu -- \
 	  sh -c 'cd backends/native_cpu && python -m pytest -q tests'
 
-# The transformers integration under the oldest transformers the extra admits (the newest is
-# the base venv's, which test-native runs): the same tests, that release shadowing the base's.
+# Hugging Face models on tileops (tests/integrations, the tests marked `models`), each on
+# native_cpu and on torch_cpu, in a throwaway overlay where both backends are installed.
+# Two workers: the models are tiny, their time is Python's more than the kernels'.
+# TILEOPS_REQUIRE_BACKENDS: a backend missing from the overlay fails its tests, not skips them;
+# TILEOPS_REQUIRE_REAL_MODEL: the real-checkpoint tests fail, not skip, without the model.
+INTEGRATIONS := TILEOPS_REQUIRE_BACKENDS=1 TILEOPS_REQUIRE_REAL_MODEL=1 \
+  tools/overlay_venv.sh --run backends/example backends/native_cpu
+
+test-integrations: setup $(MODEL_GGUF)
+	$(INTEGRATIONS) -- python $(PYTEST) -m models tests/integrations
+
+# The same tests under the oldest transformers the extra admits (the newest is the base
+# venv's, which test-integrations runs), that release shadowing the base's.
 TRANSFORMERS_OLDEST := 5.19.0
 test-transformers-oldest: setup $(MODEL_GGUF)
-	TILEOPS_REQUIRE_REAL_MODEL=1 tools/overlay_venv.sh --run backends/native_cpu transformers==$(TRANSFORMERS_OLDEST) -- \
-	  sh -c 'cd backends/native_cpu && python -m pytest -q tests/test_transformers_*.py tests/test_real_checkpoint.py'
+	$(INTEGRATIONS) transformers==$(TRANSFORMERS_OLDEST) -- python $(PYTEST) -m models tests/integrations
 
-# Everything: C++ unit tests, the Python suite, the native backend's suite, and the
-# sanitizer job (about 7 of the whole 16 minutes on 2 cores; see docs/reliability.md).
-test: test-cpp test-py test-native test-transformers-oldest sanitize
+# Everything: C++ unit tests, the Python suite, the native backend's suite, the models on
+# both CPU backends (newest and oldest transformers), and the sanitizer job (about 7 of
+# the whole 16 minutes on 2 cores; see docs/reliability.md).
+test: test-cpp test-py test-native test-integrations test-transformers-oldest sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
 # (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency

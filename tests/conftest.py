@@ -6,7 +6,8 @@ discovery sees only the backends the test itself installed.
 run again; the kernel memo bound goes back to its documented default. Whatever the
 environment has installed under ``tileops.backends`` is hidden; a test installs fake
 backends with ``site`` (discovered by this process) or ``fresh_site`` (for fresh
-interpreters, see ``_fake_backends.run_fresh``).
+interpreters, see ``_fake_backends.run_fresh``). The model tests of
+tests/integrations/transformers override both fixtures: they run on the installed backends.
 """
 
 from __future__ import annotations

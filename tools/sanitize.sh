@@ -6,8 +6,9 @@
 #   tools/sanitize.sh engine     # GoogleTest suite, ASan+UBSan (build/asan), ctest
 #   tools/sanitize.sh python     # tileops._C and tileops_native_cpu built with ASan+UBSan
 #                                # into throwaway overlays; tests/oplayer (less numerics
-#                                # and compile), tests/reliability and
-#                                # backends/native_cpu/tests run there
+#                                # and compile), tests/reliability,
+#                                # backends/native_cpu/tests and the model tests of
+#                                # tests/integrations/transformers (on native_cpu) run there
 #   tools/sanitize.sh tsan       # KernelCacheTest.* under ThreadSanitizer (build/tsan)
 #
 # Nothing here touches the project's .venv: the sanitized extensions live in their own
@@ -139,6 +140,17 @@ asan_python() {  # asan_python <venv> <workers> <pytest args...>, from the curre
 # 178-195 s; one: 138 s; two with a thread each: 113 s, but no kernel would run parallel.)
 asan_native_tests() { (cd backends/native_cpu && asan_python "$asan_venv-native" 1 tests); }
 
+# Hugging Face models on the sanitized kernels (tests/integrations/transformers), in the
+# same overlay and for the same reason on one worker, less test_opt_in_import.py (what a
+# fresh interpreter imports, not memory). Seeing ASAN_OPTIONS, the model tests run on
+# native_cpu alone (the only backend there; TILEOPS_REQUIRE_BACKENDS makes its absence a
+# failure), their per-architecture tests on the configs that between them reach every
+# kernel, and leave torch.compile out (SANITIZED in their _models.py).
+asan_integration_tests() {
+  TILEOPS_REQUIRE_BACKENDS=1 asan_python "$asan_venv-native" 1 tests/integrations/transformers \
+    --ignore=tests/integrations/transformers/test_opt_in_import.py
+}
+
 asan_check_build() {
   # Proves the sanitized extensions are the ones loaded (an unsanitized _C would make the
   # whole step meaningless): both call ASan's report functions from the preloaded runtime.
@@ -174,6 +186,7 @@ step_python() {
   asan_check_build
   timed "python: tests/oplayer + tests/reliability under ASan+UBSan" asan_oplayer_tests
   timed "python: backends/native_cpu/tests under ASan+UBSan" asan_native_tests
+  timed "python: tests/integrations/transformers (native_cpu) under ASan+UBSan" asan_integration_tests
 }
 
 tsan_build() {

@@ -17,19 +17,18 @@ import threading
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install tileops[gguf])")
-pytest.importorskip("gguf", reason="gguf is not installed (pip install tileops[gguf])")
-hf = pytest.importorskip("tileops.integrations.transformers")
-from tileops.testing.agreement import check_greedy_agreement  # noqa: E402
+from tileops.testing.agreement import check_greedy_agreement
 
-TARGET = "native_cpu"
+from ._models import TOL, hf, transformers
+
+pytest.importorskip("gguf", reason="gguf is not installed (pip install tileops[gguf])")
+
 GGUF = pathlib.Path(os.environ.get("TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[3]
                                    / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
 TOKENS = 1024  # of the text, scored as one sequence
 QUESTION = "What is the capital of France? Answer in one sentence."
 NEW = 24
-TOL = (0.004, 0.02)  # the equivalence tests' bf16 agreement rule: atol + rtol * max |logit|
 
 if not GGUF.is_file():
     if os.environ.get("TILEOPS_REQUIRE_REAL_MODEL"):
@@ -41,13 +40,19 @@ CONTEXTS = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mod
 
 
 @pytest.fixture(scope="module")
-def models():
-    """(tokenizer, HF eager in bf16, the same weights enabled on tileops)."""
+def checkpoint():
+    """(tokenizer, HF eager in bf16): loaded once for every target."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
     eager = transformers.AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.bfloat16)
-    eager.eval()
+    return tokenizer, eager.eval()
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint, target):
+    """(tokenizer, HF eager in bf16, the same weights enabled on the target)."""
+    tokenizer, eager = checkpoint
     enabled = copy.deepcopy(eager)
-    report = hf.enable(enabled, target=TARGET)
+    report = hf.enable(enabled, target=target)
     assert report.count("attention") == 30 and "greedy search loop" in report.replaced
     return tokenizer, eager, enabled
 
@@ -80,10 +85,10 @@ def _chat(tokenizer) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def reference(models):
+def reference(checkpoint):
     """HF eager's greedy answer to the question: (prompt ids, its new tokens [1, n], its
     logits [n, 1, vocab]), n <= NEW."""
-    tokenizer, eager, _ = models
+    tokenizer, eager = checkpoint
     ids = _chat(tokenizer)
     with torch.no_grad():
         out = eager.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True,
@@ -95,7 +100,8 @@ def _agrees(tokens: torch.Tensor, reference) -> None:
     _, ref_tokens, ref_logits = reference
     n = min(tokens.shape[1], ref_tokens.shape[1])  # either may have ended at end-of-sequence
     tokens, ref_tokens, ref_logits = tokens[:, :n], ref_tokens[:, :n], ref_logits[:n]
-    tol = TOL[0] + TOL[1] * float(ref_logits.float().abs().max())
+    atol, rtol = TOL[torch.bfloat16]  # the equivalence tests' agreement rule
+    tol = atol + rtol * float(ref_logits.float().abs().max())
     confident = check_greedy_agreement(ref_logits, ref_tokens, tokens, tol)
     assert confident[0] >= 4, "the reference was hardly sure: the test checked little"
 

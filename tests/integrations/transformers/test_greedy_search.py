@@ -13,15 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install tileops[transformers])")
-hf = pytest.importorskip("tileops.integrations.transformers")
-from test_transformers_integration import SANITIZED, TARGET, _cache_kw, _model, _prompt  # noqa: E402
-
-from tileops.integrations.transformers import _generate  # noqa: E402
+from ._models import SANITIZED, _cache_kw, _model, _prompt, hf, transformers
 
 PLAIN = ["llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2"]  # the causal LMs whose decode step replays whole
-# (the sanitizer job runs Llama's: the search's own code is the same for all, and
-# test_transformers_integration.py's sanitized subset reaches the others' kernels)
+# (the sanitizer job runs Llama's: the search's own code is the same for all, and the
+# per-architecture tests' sanitized subset reaches the others' kernels)
 SEARCHED = PLAIN[:1] if SANITIZED else PLAIN
 NEW = 12
 
@@ -31,7 +27,7 @@ def in_cpp(monkeypatch):
     """The decode steps each generate call replayed from C++ (a list, one entry per call
     that ran them)."""
     runs: list[int] = []
-    replay_rest = _generate._replay_rest
+    replay_rest = hf._generate._replay_rest
 
     def counted(*args, **kwargs):
         out = replay_rest(*args, **kwargs)
@@ -39,7 +35,7 @@ def in_cpp(monkeypatch):
             runs.append(out.shape[1])
         return out
 
-    monkeypatch.setattr(_generate, "_replay_rest", counted)
+    monkeypatch.setattr(hf._generate, "_replay_rest", counted)
     return runs
 
 
@@ -51,9 +47,9 @@ def _both(model, ids, **kw):
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
 @pytest.mark.parametrize("arch", SEARCHED)
-def test_greedy_generate_replays_its_steps_in_cpp_and_gives_transformers_loops_tokens(arch, padded, in_cpp):
+def test_greedy_generate_replays_its_steps_in_cpp_and_gives_transformers_loops_tokens(arch, padded, in_cpp, target):
     model = _model(arch)
-    report = hf.enable(model, target=TARGET)
+    report = hf.enable(model, target=target)
     assert report.count("greedy search loop") == 1 and "generate" in model.__dict__
     ids, mask = _prompt(padded)
     fast, slow = _both(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
@@ -65,9 +61,9 @@ def test_greedy_generate_replays_its_steps_in_cpp_and_gives_transformers_loops_t
     assert "generate" not in model.__dict__
 
 
-def test_end_of_sequence_ids_pad_finished_sequences_and_stop_the_search_as_transformers_does(in_cpp):
+def test_end_of_sequence_ids_pad_finished_sequences_and_stop_the_search_as_transformers_does(in_cpp, target):
     model = _model("llama")
-    hf.enable(model, target=TARGET)
+    hf.enable(model, target=target)
     ids, mask = _prompt(True)
     kw = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     free, _ = _both(model, ids, eos_token_id=None, **kw)
@@ -92,9 +88,9 @@ def test_end_of_sequence_ids_pad_finished_sequences_and_stop_the_search_as_trans
     assert in_cpp  # the last case ran its later steps in C++
 
 
-def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_results(in_cpp):
+def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_results(in_cpp, target):
     model = _model("qwen3")
-    hf.enable(model, target=TARGET)
+    hf.enable(model, target=target)
     ids, mask = _prompt(True)
     kw = dict(attention_mask=mask, max_new_tokens=6, pad_token_id=0)
     with torch.no_grad():
@@ -131,9 +127,9 @@ if SANITIZED:  # the first covers the others' code
 
 
 @pytest.mark.parametrize("asked", list(ASKED.values()), ids=list(ASKED))
-def test_return_dict_in_generate_gives_transformers_loops_output_object_from_the_search_in_cpp(asked, in_cpp):
+def test_return_dict_in_generate_gives_transformers_loops_output_object_from_the_search_in_cpp(asked, in_cpp, target):
     model = _model("llama")
-    hf.enable(model, target=TARGET)
+    hf.enable(model, target=target)
     ids, mask = _prompt(True)
     eos = None
     for attempt in range(2):  # then with an end id that one sequence meets in the C++ steps
@@ -169,9 +165,9 @@ def test_kept_logits_are_refused_unless_float32_steps_by_batch_by_vocab():
             decode_greedy(Graph(), 1, **args, kept_logits=bad)
 
 
-def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and_generation_resumes_from_it(in_cpp):
+def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and_generation_resumes_from_it(in_cpp, target):
     model = _model("llama")
-    hf.enable(model, target=TARGET)
+    hf.enable(model, target=target)
     ids, mask = _prompt(True)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     outs, caches = [], []
@@ -191,9 +187,9 @@ def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and
     assert in_cpp == [NEW - 3, 5 - 2]
 
 
-def test_positions_past_the_rope_tables_stop_the_search_with_the_models_own_error(in_cpp):
+def test_positions_past_the_rope_tables_stop_the_search_with_the_models_own_error(in_cpp, target):
     model = _model("llama", max_position_embeddings=20)
-    hf.enable(model, target=TARGET)
+    hf.enable(model, target=target)
     ids, mask = _prompt(False)  # 12 positions; 10 more reach position 21
     kw = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
     errors = []
@@ -205,7 +201,7 @@ def test_positions_past_the_rope_tables_stop_the_search_with_the_models_own_erro
     assert errors[0] == errors[1] and in_cpp == []
 
 
-def test_a_model_whose_decode_step_does_not_replay_whole_keeps_transformers_generate():
+def test_a_model_whose_decode_step_does_not_replay_whole_keeps_transformers_generate(target):
     model = _model("gemma3")  # its logits are capped after the head: no causal LM decode step
-    report = hf.enable(model, target=TARGET)
+    report = hf.enable(model, target=target)
     assert report.count("greedy search loop") == 0 and "generate" not in model.__dict__
