@@ -158,6 +158,8 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=64, help="tokens generated per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also HF + torch.compile (slow to compile)")
+    ap.add_argument("--target", default=TARGET, help="the target HF + tileops runs on (default native_cpu); "
+                    "TILEOPS_DECODE_REPLAY=0 turns the decode replay off, for its share of the speed")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -172,7 +174,7 @@ def main() -> int:
           f"bf16 peak {peak:.0f} GFLOP/s ({peak_probe()} probe)")
 
     on_tileops = copy.deepcopy(model)
-    enable(on_tileops, target=TARGET)
+    enable(on_tileops, target=args.target)
     systems = {"HF eager": model, "HF + tileops": on_tileops}
     if args.compile:
         systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
