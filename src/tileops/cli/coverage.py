@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..backend import registered_targets
     from ..integrations.transformers import UnsupportedModelError, enable
-    from ..integrations.transformers._coverage import ops_used
+    from ..integrations.transformers.coverage import ops_used
 
     transformers = _transformers()
     dtype = getattr(torch, args.dtype)

@@ -138,7 +138,7 @@ def _prompt(padded: bool):
 def _long_padded_prompt(arch: str, monkeypatch, *, length: int, pads: int, seed: int):
     """A model whose first pool holds 16 tokens past the prompt (so decoding grows it) and
     a batch of two prompts of `length` tokens, the first with `pads` left pads."""
-    monkeypatch.setattr(hf._cache, "MIN_DECODE_ROOM", 16)
+    monkeypatch.setattr(hf.cache, "MIN_DECODE_ROOM", 16)
     model = _model(arch, max_position_embeddings=512)
     ids = torch.randint(1, 128, (2, length), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones_like(ids)

@@ -76,8 +76,8 @@ def test_a_capture_in_which_torch_computed_fails_and_the_step_stands(monkeypatch
     replay, fused.replay = fused.replay, None
     _, looped, tokens = _teacher_forced(model, ids, mask, steps=6)
     fused.replay = replay
-    norm = hf._fused_model.rmsnorm_forward
-    monkeypatch.setattr(hf._fused_model, "rmsnorm_forward", lambda module, x: norm(module, x.clone()))
+    norm = hf.fused.model.rmsnorm_forward
+    monkeypatch.setattr(hf.fused.model, "rmsnorm_forward", lambda module, x: norm(module, x.clone()))
     _, watched, _ = _teacher_forced(model, ids, mask, tokens, steps=6)
     assert torch.equal(watched, looped)
     assert replay.replays == 0 and replay.failed[2] == 3

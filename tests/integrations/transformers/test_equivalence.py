@@ -118,9 +118,9 @@ def test_the_attention_honours_softcap_and_scale_as_transformers_eager_attention
         want = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, **kw)[0]  # [B, S, H, D]
         uncapped = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, scaling=0.5)[0]
         cache = hf.TileopsCache(config=model.config)
-        prefill = hf._attention.tileops_attention(attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None,
+        prefill = hf.attention.tileops_attention(attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None,
                                                   tileops_cache=cache, **kw)[0]
-        decode = hf._attention.tileops_attention(attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None,
+        decode = hf.attention.tileops_attention(attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None,
                                                  tileops_cache=cache, **kw)[0]
     atol, rtol = TOL[torch.bfloat16]
     assert (want - uncapped).abs().max() > 10 * (atol + rtol * want.abs().max())  # the cap matters here

@@ -1,5 +1,5 @@
 """Greedy generate with its decode steps replayed from C++
-(tileops.integrations.transformers._generate): an enabled plain causal LM's ``generate``
+(tileops.integrations.transformers.decode.generate): an enabled plain causal LM's ``generate``
 gives the tokens of transformers' own loop over the same replayed steps
 (``type(model).generate``), left padding and end-of-sequence ids included; it leaves its
 cache as that loop does; with ``return_dict_in_generate`` it returns that loop's output
@@ -27,7 +27,7 @@ def in_cpp(monkeypatch):
     """The decode steps each generate call replayed from C++ (a list, one entry per call
     that ran them)."""
     runs: list[int] = []
-    replay_rest = hf._generate._replay_rest
+    replay_rest = hf.decode.generate._replay_rest
 
     def counted(*args, **kwargs):
         out = replay_rest(*args, **kwargs)
@@ -35,7 +35,7 @@ def in_cpp(monkeypatch):
             runs.append(out.shape[1])
         return out
 
-    monkeypatch.setattr(hf._generate, "_replay_rest", counted)
+    monkeypatch.setattr(hf.decode.generate, "_replay_rest", counted)
     return runs
 
 

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install tileops[transformers])")
 from tileops.integrations.transformers import TileopsCache  # noqa: E402
-from tileops.integrations.transformers import _cache as cache_module  # noqa: E402
+from tileops.integrations.transformers import cache as cache_module  # noqa: E402
 
 
 def _write(cache, layer, step, k, v):

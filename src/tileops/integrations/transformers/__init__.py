@@ -19,15 +19,25 @@ What cannot be served exactly raises ``UnsupportedModelError`` (or, with
 ``strict=False``, stays on torch and is listed in the report).
 
 Importing this module imports transformers; ``import tileops`` never does.
+
+Layout: ``planning/`` decides what is served and applies it (``enable``, ``disable``, the
+typed state each served module keeps); ``fused/`` holds the served forwards and the fused
+paths (stacked projections, fused layers, the base model as one loop); ``decode/`` replays
+decode steps from a captured graph and runs greedy search in C++; ``attention.py``,
+``moe.py`` and ``cache.py`` are what transformers' interfaces call (attention, experts,
+the KV cache); ``compat.py`` what differs between transformers releases. Only the names
+in ``__all__`` are public.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._attention import NAME as ATTENTION_NAME
-from ._cache import TileopsCache, TileopsCacheLayer
-from ._patch import SUPPORTED_ARCHITECTURES, EnableReport, UnsupportedModelError, disable, enable
+from .attention import NAME as ATTENTION_NAME
+from .cache import TileopsCache, TileopsCacheLayer
+from .planning.enable import disable, enable
+from .planning.model import SUPPORTED_ARCHITECTURES
+from .planning.report import EnableReport, UnsupportedModelError
 
 __all__ = [
     "ATTENTION_NAME",

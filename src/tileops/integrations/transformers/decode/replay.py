@@ -1,6 +1,6 @@
 """Decode steps replayed from a captured graph of op launches (``tileops.capture``).
 
-A decode step of the fused loop (``_fused_model.py``) is about ten op calls per layer
+A decode step of the fused loop (``fused/model.py``) is about ten op calls per layer
 around one token per sequence. Each call is microseconds of Python (the loop, the op
 layer, the kernel's argument checks) around a kernel that, but for the GEMVs, computes
 less than that.
@@ -49,8 +49,8 @@ from torch import nn
 
 from tileops.capture import CaptureError, Graph
 
-from ._cache import TileopsCache
-from ._forwards import linear_rows
+from ..cache import TileopsCache
+from ..fused.forwards import linear_rows
 
 __all__ = ["DecodeReplay", "Recording", "replay_wanted"]
 
@@ -89,7 +89,7 @@ class DecodeReplay:
         self.failed: collections.Counter[int] = collections.Counter()  # failed captures per batch size
         self.refused: dict[int, str] = {}  # batch size -> why its decode steps are not replayed
         self.replays = 0  # steps replayed (for tests and benchmarks)
-        self.searched = 0  # of which by greedy search's loop in C++ (_generate.py)
+        self.searched = 0  # of which by greedy search's loop in C++ (decode/generate.py)
         self.replay_seconds = 0.0  # the last replay's wall time (for benchmarks: hf_profile.py)
 
     @property
@@ -101,7 +101,7 @@ class DecodeReplay:
     def recording_with(self, cache: Any, head: nn.Linear) -> Recording | None:
         """``recording`` where this thread's last step ran through a graph ending with
         ``head``'s GEMM on ``cache``, reading the cache's current step tensors (what
-        ``tileops.capture.decode_greedy`` goes on from: ``_generate.py``); None otherwise."""
+        ``tileops.capture.decode_greedy`` goes on from: ``decode/generate.py``); None otherwise."""
         rec, step = self.recording, getattr(cache, "step", None)
         if rec is None or rec.key[-1] is not head or rec.cache() is not cache or step is None:
             return None
@@ -110,7 +110,7 @@ class DecodeReplay:
     def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
              head: nn.Linear | None = None) -> torch.Tensor:
         """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
-        with ``head`` (the causal LM's served output projection, ``_patch.py``), its logits
+        with ``head`` (the causal LM's served output projection, ``planning/enable.py``), its logits
         ``[B, vocab]``, the head's GEMM captured with the layers."""
         self._local.last = None  # until this step runs through a graph
         if batch in self.refused or not isinstance(cache, TileopsCache) or cache.paged is None or rows.device.type != "cpu":

@@ -1,13 +1,13 @@
 """``generate``'s greedy search with its decode steps run token after token from C++.
 
-A replayed decode step (``_replay.py``) still has Python around it each token:
+A replayed decode step (``decode/replay.py``) still has Python around it each token:
 transformers' generate loop (inputs, logits processing, argmax, stopping criteria) and
 the integration's forward. hf_profile.py measured 1.3-1.4 ms of it a token on
-hf_generate.py's Llama at batch 1, 10-13% of a step, on caches that the step's weights
+hfdecode/generate.py's Llama at batch 1, 10-13% of a step, on caches that the step's weights
 flushed; no trimming of it reached the 90% of the bandwidth limit that issue 12 asks of
 a decode.
 
-So an enabled plain causal LM whose decode step replays (``_patch.py``) gets a
+So an enabled plain causal LM whose decode step replays (``planning/enable.py``) gets a
 ``generate`` of its own: transformers' ``generate`` with ``greedy_search`` below as its
 decoding method (transformers' ``custom_generate=`` hook). Everything before that method
 stays transformers': the generation config, the logits processors and stopping criteria
@@ -21,7 +21,7 @@ every step it does exactly as transformers would:
   transformers' loop) and the cache, but no attentions or hidden states;
 - it prefills and runs the first decode steps through the model as transformers does
   (``_prefill``, ``prepare_inputs_for_generation``), one of which captures the step with
-  the LM head as a graph of op launches (``_replay.py``; the first decode step of a new
+  the LM head as a graph of op launches (``decode/replay.py``; the first decode step of a new
   shape builds its kernels, so the next one captures), then hands the remaining steps to
   the op layer's ``tileops.capture.decode_greedy``: each sequence's next token is the
   first largest logit (``torch.argmax``'s pick), a finished sequence gets the pad token,
@@ -51,8 +51,8 @@ from transformers.generation.utils import (
 
 from tileops.capture import decode_greedy
 
-from ._cache import TileopsCache
-from ._compat import cache_field
+from ..cache import TileopsCache
+from ..compat import cache_field
 
 __all__ = ["generate_like", "greedy_search"]
 

@@ -153,7 +153,7 @@ class TileopsCache(Cache):
 
     def begin_forward(self, batch: int, q_len: int, attention_mask: torch.Tensor | None) -> Step:
         """The step of a forward on a cache that holds a forward already, begun before its
-        layers run (a replayed decode step, ``_replay.py``); then ``layers_ran``."""
+        layers run (a replayed decode step, ``decode/replay.py``); then ``layers_ran``."""
         if self.paged is None:
             raise RuntimeError("TileopsCache.begin_forward: the cache's first forward makes its pools (step_for)")
         return self._start(batch, q_len, attention_mask, None)
@@ -167,7 +167,7 @@ class TileopsCache(Cache):
     def reserve_ahead(self, tokens: int) -> None:
         """Reserves the pages of each sequence's next ``tokens`` tokens now (growing the pool
         if it must), so that the next step's block table holds them all: decode steps
-        replayed from C++ (``_generate.py``) read the table their graph captured."""
+        replayed from C++ (``decode/generate.py``) read the table their graph captured."""
         if self.paged is None:
             raise RuntimeError("TileopsCache.reserve_ahead: the cache's first forward makes its pools (step_for)")
         counts = [tokens] * len(self.seqs)

@@ -1,16 +1,16 @@
 """The base model's forward as one loop over fused decoder layers.
 
-When every decoder layer of a model is fused (``_fusion.py``) and its final norm is
+When every decoder layer of a model is fused (``fused/fusion.py``) and its final norm is
 served, a forward needs nothing of transformers' base-model machinery: its mask builders
 make the 2-D padding mask tileops attention reads anyway, its rotary tables go unused
 (the RoPE ops take positions), and its module calls only carry hooks. This loop runs the
-same tileops ops in the same order, calling each piece's rows form (``_forwards.py``)
+same tileops ops in the same order, calling each piece's rows form (``fused/forwards.py``)
 directly, and joins the residual add that ends a layer with the next layer's input norm
-(the last layer's with the final norm) in one ``FusedAddRMSNormFwdOp``, as ``_fusion.py``
+(the last layer's with the final norm) in one ``FusedAddRMSNormFwdOp``, as ``fused/fusion.py``
 already does inside a layer. The op adds in the model dtype and normalises the rounded sum,
 exactly as transformers' add and norm do, so results are the same bits.
 
-Why: a decode step of hf_generate.py's Llama is ~90 op calls around 8-9 ms of weight
+Why: a decode step of hfdecode/generate.py's Llama is ~90 op calls around 8-9 ms of weight
 streaming, and transformers' module machinery took 0.5-1.5 ms more; each line of Python
 after a GEMV that streamed megabytes of weights runs on a cold cache (the first torch op
 after a forward took 66 us, the same op again 4 us).
@@ -24,9 +24,9 @@ The loop runs only where transformers' forward would add nothing to it:
 Any other call runs transformers' forward over the same patched modules.
 
 A decode step (one token per sequence, on a cache) goes through ``DecodeReplay``
-(``_replay.py``), which replays the layers' op launches from a captured graph where
+(``decode/replay.py``), which replays the layers' op launches from a captured graph where
 that is safe and runs ``layers_forward`` otherwise. A plain causal LM's decode step
-(``_patch.py``) comes to ``decode_logits`` instead, whose graph ends with the LM head.
+(``planning/enable.py``) comes to ``decode_logits`` instead, whose graph ends with the LM head.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from torch.nn.modules import module as _module
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import ModelOutput
 
-from ._attention import padding_mask
-from ._cache import TileopsCache
-from ._compat import cache_field, pop_cache
-from ._forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
-from ._fusion import ResidualJoin
-from ._replay import DecodeReplay, replay_wanted
+from ..attention import padding_mask
+from ..cache import TileopsCache
+from ..compat import cache_field, pop_cache
+from ..decode.replay import DecodeReplay, replay_wanted
+from .forwards import attention_rows, linear_rows, mlp_rows, positions_of, rmsnorm_forward
+from .fusion import ResidualJoin
 
 __all__ = ["FusedModel", "output_class", "plan_fused_model"]
 
@@ -69,6 +69,10 @@ class FusedModel:
         # so one flat tuple to test (a decode step's Python runs on caches its weights flushed)
         self.hook_dicts = tuple(d for m in self.submodules for d in (m._forward_hooks, m._forward_pre_hooks))
         self.replay = DecodeReplay(self) if all(gated) and replay_wanted() else None
+
+    def held_ops(self) -> list[Any]:
+        """The ops of the joins between the layers (the layers' own are their modules')."""
+        return [op for join in self.joins for op in join.held_ops()]
 
     def accepts(self, kwargs: dict) -> bool:
         if any(k not in _KNOWN for k in kwargs):
@@ -98,7 +102,7 @@ class FusedModel:
         return out.to_tuple() if return_dict is False else out
 
     def decode_logits(self, head: nn.Linear, kwargs: dict) -> tuple[torch.Tensor, TileopsCache] | None:
-        """A causal LM's decode step (``_patch.py``): its forward's keyword arguments ->
+        """A causal LM's decode step (``planning/enable.py``): its forward's keyword arguments ->
         (logits ``[B, 1, vocab]``, the cache), the layers and ``head`` replayed as one graph
         (``DecodeReplay``); None where the call is not such a step (transformers' forward
         then runs it). Its logits are the bits of transformers' forward, whose ``lm_head``
@@ -176,7 +180,7 @@ def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers
         return None
     if norm is None or "_tileops" not in norm.__dict__ or not hasattr(base, "embed_tokens"):
         return None
-    gated = []  # per layer: a gated MLP over stacked gate/up (else a sparse MoE block _fusion.py found served)
+    gated = []  # per layer: a gated MLP over stacked gate/up (else a sparse MoE block fusion.py found served)
     for layer in layers:  # the pieces the loop calls in their rows forms
         mlp = layer.mlp
         gated.append(_served(getattr(mlp, "down_proj", None))
@@ -199,3 +203,33 @@ def output_class(module: nn.Module, default: type = BaseModelOutputWithPast) -> 
     own, with router logits)."""
     made = inspect.signature(type(module).forward).return_annotation
     return made if isinstance(made, type) and issubclass(made, ModelOutput) else default
+
+
+# ---- the base model's forward ----------------------------------------------------------
+
+
+def base_model_forward(self: nn.Module, *args: Any, **kwargs: Any):
+    """The base model's forward, making a TileopsCache where transformers would make a
+    DynamicCache (and replacing an empty one that ``generate`` made)."""
+    st = self._tileops
+    st.positions.new_forward()
+    cache = pop_cache(kwargs)
+    use_cache = kwargs.get("use_cache")
+    use_cache = self.config.use_cache if use_cache is None else use_cache
+    if cache is None and use_cache or cache is not None and not isinstance(cache, TileopsCache) and _empty(cache):
+        cache = TileopsCache(config=self.config)
+    if st.fused is not None and len(args) <= 1:  # the whole model as one loop (fused/model.py)
+        if args:
+            kwargs["input_ids"] = args[0]
+        if st.fused.accepts(kwargs):
+            return st.fused.forward(cache, **kwargs)
+        args = (kwargs.pop("input_ids"),) if args else ()
+    kwargs[st.cache_kw] = cache
+    return st.forward(*args, **kwargs)
+
+
+def _empty(cache: Any) -> bool:
+    try:
+        return cache.get_seq_length() == 0
+    except Exception:  # noqa: BLE001 - a cache we cannot ask is not ours to replace
+        return False

@@ -3,7 +3,7 @@ over the ops in the module's ``_tileops`` state.
 
 Each forward takes transformers' shapes (``[B, S, hidden]``) and is a thin shell over a
 *rows* form that takes the tokens as rows ``[T, hidden]``, as the ops do. The fused
-model forward (``_fused_model.py``) calls the rows forms directly, so a module's
+model forward (``fused/model.py``) calls the rows forms directly, so a module's
 arithmetic lives in one place whichever way it runs.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._attention import attend
-from ._cache import TileopsCache
-from ._fusion import norm_weight
+from ..attention import attend
+from ..cache import TileopsCache
+from .fusion import norm_weight
 
 __all__ = ["linear_forward", "linear_rows", "rmsnorm_forward", "mlp_forward", "mlp_rows", "attention_forward",
            "attention_rows", "positions_of"]
@@ -40,7 +40,7 @@ def rmsnorm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     st = self._tileops
     x2 = x.reshape(-1, x.shape[-1])
-    if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (_fusion.py)
+    if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (fused/fusion.py)
         gate_up = st.gate_up(x2.contiguous())
     else:
         gate_up = self.gate_up_proj(x2) if hasattr(self, "gate_up_proj") else (
@@ -91,8 +91,8 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
     # A batch's decode step runs each projection on its own (a GEMM over its rows of the
     # stacked weight): sliced from one output, q, k and v are strided when there are
     # several rows and would be copied for RoPE between the kernels, which keeps the step
-    # from being replayed (_replay.py).
-    if st.qkv is not None and (rows == 1 or q_len > 1):  # one GEMM (_fusion.py)
+    # from being replayed (decode/replay.py).
+    if st.qkv is not None and (rows == 1 or q_len > 1):  # one GEMM (fused/fusion.py)
         q, k, v = st.qkv(x).split(st.qkv.sizes, dim=-1)
     elif st.qkv is not None:
         q, k, v = st.qkv.parts(x)

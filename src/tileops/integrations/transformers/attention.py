@@ -4,7 +4,7 @@ gets: the 2-D padding mask, which a registered attention alone would not receive
 
 Layouts: transformers hands attention ``query [B, H, S, D]`` and ``key, value
 [B, H_kv, S, D]``; tileops' ops take packed rows ``[T, H, D]``. ``attend`` takes
-``[B, S, H, D]``: the patched attention forward (``_forwards.py``) calls it with the
+``[B, S, H, D]``: the patched attention forward (``fused/forwards.py``) calls it with the
 projections' own layout, and the registered function with transposed views of
 transformers', so no copy is made either way.
 
@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from tileops.serving import PagedKVCache
 
-from ._cache import TileopsCache, new_token_counts
+from .cache import TileopsCache, new_token_counts
 
 NAME = "tileops"
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from tileops.serving.host_memory import huge_pages_available, on_huge_pages
 
-from ._fusion import stacked_members
+from .fusion import stacked_members
 
 __all__ = ["place_weights", "undo_placement"]
 
