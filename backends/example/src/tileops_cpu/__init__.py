@@ -29,24 +29,13 @@ from .checks import (
     refuse,
     shape_of,
 )
-from .kernels import (
-    CpuAdd,
-    CpuFusedAddRMSNorm,
-    CpuFusedMoe,
-    CpuFusedTopK,
-    CpuGatedActivation,
-    CpuGemm,
-    CpuGemv,
-    CpuPagedPrefillAttention,
-    CpuRMSNorm,
-    CpuRopePositionIds,
-    CpuVarlenAttention,
-    llama31_frequencies,
-    longrope_factor,
-    longrope_frequencies,
-    plain_frequencies,
-)
+from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, plain_inv_freq
+
+from .attention import CpuPagedPrefillAttention, CpuVarlenAttention
+from .kernels import CpuAdd, CpuFusedAddRMSNorm, CpuGatedActivation, CpuGemm, CpuGemv, CpuRMSNorm
+from .moe import CpuFusedMoe, CpuFusedTopK
 from .pending import build_gemm_pending
+from .rope import CpuRopePositionIds
 
 
 def _detect(device: torch.device) -> bool:
@@ -163,7 +152,7 @@ def build_rope_neox_position_ids(
 ):
     """RopeNeoxPositionIdsFwdOp: the plain frequencies."""
     half = _rope_half("RopeNeoxPositionIdsFwdOp", x, position_ids, max_position, rotary_dim)
-    return CpuRopePositionIds(plain_frequencies(half, base), 1.0, rotary_dim, x.dtype)
+    return CpuRopePositionIds(plain_inv_freq(half, base), 1.0, rotary_dim, x.dtype)
 
 
 def build_rope_llama31_position_ids(
@@ -191,7 +180,7 @@ def build_rope_llama31_position_ids(
         raise refuse(op, "base, scale_factor and original_max_position > 0", f"{scaling}")
     if not high_freq_factor > low_freq_factor > 0:
         raise refuse(op, "high_freq_factor > low_freq_factor > 0", f"{scaling}")
-    inv_freq = llama31_frequencies(half, base, **scaling)
+    inv_freq = llama31_inv_freq(half, base, **scaling)
     return CpuRopePositionIds(inv_freq, 1.0, rotary_dim, x.dtype)
 
 
@@ -218,7 +207,7 @@ def build_rope_longrope_position_ids(
         got = f"{max_position_embeddings} and {original_max_position_embeddings}"
         raise refuse(op, "max_position_embeddings, original_max_position_embeddings > 0", got)
     factor = longrope_factor(max_position_embeddings, original_max_position_embeddings)
-    inv_freq = longrope_frequencies(half, base, factors)
+    inv_freq = longrope_inv_freq(half, base, rescale_factors=factors)
     return CpuRopePositionIds(inv_freq, factor, rotary_dim, x.dtype)
 
 
