@@ -69,7 +69,7 @@ test-cpp: setup gtest
 
 # Every core, one test file per worker (module-scoped fixtures, such as the overlay venvs
 # some files build, stay in one process). The native suite runs alone: its kernels use
-# every core themselves, and two workers made it slower (44 s against 29 s).
+# every core themselves, and two workers made it slower (docs/performance.md).
 PYTEST := -m pytest -q -n auto --dist loadfile
 
 # The base venv holds no backend: the tests that run models on the installed backends

@@ -95,7 +95,7 @@ def never_stop(model: torch.nn.Module) -> torch.nn.Module:
     """No end-of-sequence token for ``generate``: random weights may emit one, and every run
     must decode exactly the tokens asked for. (``min_new_tokens`` would force the length
     too, but its two logits processors run a vocabulary-wide ``torch.isin`` each per step,
-    0.5-0.7 ms here in every system, which is no part of decoding.)"""
+    in every system, which is no part of decoding.)"""
     model.generation_config.eos_token_id = None
     return model
 
@@ -109,9 +109,8 @@ def measure(model, ids, mask, new: int, generate=None) -> tuple[float, float]:
     for `new` tokens and, after another prefill, once for 1; the difference is new - 1
     decode steps, without any prompt's forward and without generate's own per-call setup.
     (Generate of `new` tokens from the prompt minus generate of 1 put the difference of two
-    prefills into the decode figure: at prompt 512, batch 1, tileops' prefills took
-    1.69-2.12 s on a 2-core Zen VM while its 63 decode steps took about 0.9 s.) The model
-    must not stop early (``never_stop``).
+    prefills into the decode figure, which at long prompts is a large part of what all the
+    decode steps take; docs/performance.md.) The model must not stop early (``never_stop``).
     ``generate``: another way to call the model's generate (default ``model.generate``)."""
     generate = model.generate if generate is None else generate
     kw = dict(do_sample=False, pad_token_id=0)

@@ -10,7 +10,7 @@ Workloads are the manifest's, scaled to a CPU where they would take seconds. GB/
 manifest's roofline bytes; memory-bound ops are also shown as a share of the machine's copy
 bandwidth (native_cpu's probes: a 256 MiB copy with ordinary and with streaming stores, read
 + write counted, the better of the two). The bandwidth a shared machine gives moves from one
-second to the next (the same buffer read at 27-43 GB/s a second apart here), so each round
+second to the next (docs/performance.md, "native_cpu: machine probes"), so each round
 of a memory-bound case runs the probe next to the kernel and the share is the median of the
 rounds' shares. Many of these workloads fit in the 32 MiB L3, so shares above 100% are
 cache hits; benchmarks/native_latency.py measures beyond the L3.

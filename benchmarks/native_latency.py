@@ -26,8 +26,8 @@ and more (the next op's inputs) come from its huge-page blocks; both systems get
 tensors. --small-pages keeps torch's 4 KiB pages instead, where a stream's prefetcher stops
 at every page boundary and the TLB misses on nearly every page.
 The probes (tileops_native_cpu._C.probe_*) run on threads of their own. The bandwidth a
-shared machine gives moves from one second to the next (the same 256 MiB buffer read at
-27-43 GB/s a second apart here), so each process runs the bandwidth probe a case is held to
+shared machine gives moves from one second to the next (docs/performance.md,
+"native_cpu: machine probes"), so each process runs the bandwidth probe a case is held to
 just before and just after that case's calls (3 repeats each), and the case's share in
 that process is of the median of those repeats, as benchmarks/native_cpu.py and
 hf_generate.py take their probes: the case's own figure is a median, and a probe's best

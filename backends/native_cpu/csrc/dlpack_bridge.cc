@@ -146,8 +146,9 @@ static int64_t byte_size(int ndim, const int64_t* shape, DType dtype) {
   return bytes;
 }
 
-// A large fresh output is first touched by the kernel: 4 KiB page faults alone took
-// ~40% of a call writing 32 MiB (glibc maps such blocks anew on every allocation). Where
+// A large fresh output is first touched by the kernel: 4 KiB page faults alone are a
+// large share of a call writing tens of MiB (glibc maps such blocks anew on every
+// allocation). Where
 // transparent huge pages are on `madvise`, ask for them on the block's 2 MiB-aligned
 // interior (a no-op for memory already mapped, and harmless where THP is off). Outputs
 // the warm-output cache serves already are huge pages; this is for the rest (the cache

@@ -1,8 +1,8 @@
 // Warm memory for large outputs. A fresh block of many MiB from torch's CPU allocator is a
 // fresh mapping (glibc maps blocks of 32 MiB and more anew on every allocation, and smaller
 // ones once its heap is trimmed), so a kernel writing it page-faults on every call: the
-// kernel zeroes each page before we write it, which cost a 64 MiB RMSNorm more than half
-// of its time. Outputs of kMinBytes and more therefore come from blocks this package keeps:
+// kernel zeroes each page before we write it, a large share of a call that writes tens of
+// MiB. Outputs of kMinBytes and more therefore come from blocks this package keeps:
 // mapped once (2 MiB aligned, huge pages advised), handed to torch as DLPack tensors whose
 // deleter gives the block back, reused by the next output of the same rounded size.
 // Idle blocks are held up to a byte budget (TILEOPS_NATIVE_CPU_OUTPUT_CACHE_MB, default

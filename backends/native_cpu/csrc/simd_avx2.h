@@ -57,13 +57,13 @@ struct Simd {
   // 2W bfloat16 at once, without the cross-lane widening of load(): the even elements widen
   // by a shift, the odd ones by a mask, and store_pair puts each pair back into one 32-bit
   // word (no pack or permute). Lane order: even elements in `even`, odd ones in `odd`; see
-  // load_pair in kernels/common.h. (A bfloat16 GEMV streams 1.75x faster from L2 this way.)
+  // load_pair in kernels/common.h. (A bfloat16 GEMV streams faster from the L2 this way.)
   static void load_pair(const tnc::bf16_t* p, F& even, F& odd) {
     __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     // One load: otherwise GCC folds a second load of p into the mask's vpand. A decode
-    // GEMV runs short of load slots on Zen 1 (two 128-bit loads a cycle, with A's two
-    // vectors per weight vector): loading each weight vector once made the replayed decode
-    // step of a 155.7M Llama 3.8% faster (alternated in one process, medians of 40).
+    // GEMV runs short of load slots on cores with two 128-bit loads a cycle (Zen 1), since
+    // it also loads two vectors of A per weight vector, so a second load of each weight
+    // vector costs it time.
     __asm__("" : "+x"(v));
     even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
@@ -78,9 +78,8 @@ struct Simd {
   static constexpr bool kHasStream = false;
   // Bytes ahead that a row read once from memory (a decode GEMV's weight row,
   // kernels/gemm_skinny.h) is prefetched, non-temporally; 0 leaves it to the hardware
-  // prefetcher. On a Zen (family 17h) VM without AVX-512, 1 KiB ahead took a bfloat16 GEMV
-  // from 0.80 to 0.97 of the read probe (11.5 MB of weights per call; 512 B and 2 KiB
-  // gained less, 4 KiB less still, prefetcht0 at 1 KiB half as much).
+  // prefetcher. 1 KiB did best of the distances tried on a Zen (family 17h) VM without
+  // AVX-512, and prefetchnta better than prefetcht0 (docs/performance.md).
   static constexpr int kRowAheadBytes = 1024;
   template <class T>
   static void stream(T* p, F v) { store(p, v); }

@@ -42,9 +42,9 @@ struct Simd {
 
   // streaming (non-temporal) stores of one vector; p aligned to W * sizeof(T)
   static constexpr bool kHasStream = true;
-  // kRowAheadBytes: see simd_avx2.h. None here: on the Zen 4, prefetchnta on the weight rows
-  // of the bfloat16 GEMVs (kernels/gemm_avx512_bf16_nt.h) took a decode step from 0.81-0.91
-  // of the read probe to 0.54-0.57.
+  // kRowAheadBytes: see simd_avx2.h. None here: on a Zen 4, prefetchnta on the weight rows
+  // of the bfloat16 GEMVs (kernels/gemm_avx512_bf16_nt.h, which prefetch into the L2
+  // themselves) slowed a decode step (docs/performance.md).
   static constexpr int kRowAheadBytes = 0;
   static void stream(float* p, F v) { _mm512_stream_ps(p, v); }
   static void stream(tnc::bf16_t* p, F v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(v)); }
@@ -53,9 +53,9 @@ struct Simd {
 
   // 2W bfloat16 at once, without the cross-lane widening of load(): the even elements widen
   // by a shift, the odd ones by a mask; store_pair packs both with one vcvtne2ps2bf16 and
-  // re-interleaves them with one vpermw. (About 1.7x the rate of W at a time on L1-resident
-  // rows.) Lane order: even elements in `even`, odd ones in `odd`; see load_pair in
-  // kernels/common.h.
+  // re-interleaves them with one vpermw. (Faster than W at a time on L1-resident rows,
+  // which wait on the cross-lane widening and narrowing.) Lane order: even elements in
+  // `even`, odd ones in `odd`; see load_pair in kernels/common.h.
   static void load_pair(const tnc::bf16_t* p, F& even, F& odd) {
     __m512i v = _mm512_loadu_si512(p);
     __asm__("" : "+v"(v));  // one load, not two: see load_pair in simd_avx2.h

@@ -189,10 +189,10 @@ class Pool {
 
 // ---------------------------------------------------------------------------------------
 // torch's OpenMP team. torch's CPU ops run on OpenMP threads that spin for milliseconds
-// after each op (libgomp's default GOMP_SPINCOUNT is 300000 PAUSEs, ~7 ms here). A pool of
-// our own then competes with a spinning OpenMP thread for the same cores whenever our
-// kernels follow torch ops: on 2 cores our helper got about half a core and 2 threads
-// scaled 1.0-1.2x. So when the process has already loaded an OpenMP runtime (torch's
+// after each op (libgomp's default GOMP_SPINCOUNT is 300000 PAUSEs). A pool of our own
+// then competes with a spinning OpenMP thread for the same cores whenever our kernels
+// follow torch ops: our helper gets only part of a core, and 2 threads barely scale. So
+// when the process has already loaded an OpenMP runtime (torch's
 // libgomp, or an LLVM/Intel runtime, which export the same GOMP_parallel entry point) the
 // regions run on that runtime's team of the calling thread -- the very threads torch uses,
 // hot when a torch op just ran. We never link or load one ourselves: the runtime is found
@@ -251,17 +251,17 @@ std::atomic<int> g_use_openmp{[] {
 }()};
 
 // A team thread that is not running when a region starts (another process holds its core)
-// makes the region wait at OpenMP's closing barrier for that thread's next time slice: on
-// 2 cores shared with two busy processes, a 0.07 ms GEMV took 12 ms, every call. So after
+// makes the region wait at OpenMP's closing barrier for that thread's next time slice, on
+// every call while the machine stays busy: a short kernel then takes a time slice. So after
 // a region whose team thread started, or finished, over 1 ms late, and which took over 1 ms
 // longer than the caller alone would have, the regions run on the calling thread alone for
 // 50 ms (doubling up to 1 s while the regions that try the team again stall too; back to
 // 50 ms after one that did not): a busy machine gives us one core anyway, and the caller
 // alone never waits for anyone. Not our own pool: its helper would
 // share a core with the team's thread, which spins for milliseconds after every torch op,
-// and that mixed regime was the least predictable of all (benchmarks/native_latency.py, 3
-// processes on a quiet machine: 22 targets missed with a back-off to our own pool, 18 with
-// no back-off, and the only tail misses).
+// and that mixed regime was the least predictable of all (benchmarks/native_latency.py:
+// more targets missed with a back-off to our own pool than with none, and the only tail
+// misses; docs/performance.md).
 constexpr int64_t kStallNs = 1000000;          // a late or preempted team thread
 constexpr int64_t kBackoffMinNs = 50000000;    // the caller alone for this long after a stall...
 constexpr int64_t kBackoffMaxNs = 1000000000;  // ...doubling up to this

@@ -2,9 +2,8 @@
 decode step reads once per token, KV caches.
 
 On 4 KiB pages a stream crosses a page boundary every 4 KiB: the hardware prefetcher
-stops there and the TLB misses on nearly every page. On 2 MiB pages neither happens. (On
-the 2-core development machine, a bf16 GEMV 1x1024 -> 32000 read its weight at 22-31 GB/s
-from 4 KiB pages and at 37-39 GB/s from 2 MiB pages.)
+stops there and the TLB misses on nearly every page. On 2 MiB pages neither happens, and
+a GEMV streams its weight faster (docs/performance.md, "Weights on huge pages").
 
 ``huge_page_empty`` maps private anonymous memory aligned to 2 MiB and advises the kernel
 to back it with huge pages (``madvise(MADV_HUGEPAGE)``), so it works where transparent huge

@@ -265,8 +265,7 @@ void attention(const tnc::AttentionArgs& a, int threads) {
 // O rows keep that order (o_index) and only the final write puts channels back in order.
 // The register blocks are sized by the ISA's registers: with 16 (AVX2), blocks of 4 keys x
 // 4 heads of scores and 4 heads x 4 vectors of P V kept some accumulators on the stack
-// inside their loops, so there the blocks are 2 keys and one pair of vectors (one thread,
-// 512 cached positions, 16 heads over 4: 179 -> 145 us a call, with the pair loads). An
+// inside their loops, so there the blocks are 2 keys and one pair of vectors. An
 // ISA extension
 // (kernels/attention_avx512_bf16.h) keeps bfloat16 operands instead, with its own query,
 // probability and O layouts; attention_decode sees them only through these members.
@@ -437,9 +436,8 @@ inline void prefetch_l2(const void* p, int64_t bytes) {
 // maximum grows.
 // The keys two blocks ahead are prefetched into the L2 in small pieces between the
 // register blocks that read the same rows of this block, so memory is busy while the core
-// computes. (Measured on 8 x 4096 paged tokens, 2 threads: prefetches to the L1 or
-// touching the next block before computing it left memory idle during the arithmetic, at
-// 48-57% of the read bandwidth; head-major order kept the stream prefetchers idle.)
+// computes. (Prefetches to the L1, or touching the next block before computing it, left
+// memory idle during the arithmetic; head-major order kept the stream prefetchers idle.)
 // Positions are split when the batch alone cannot keep every thread busy; the splits are
 // merged at the end.
 template <class T, class Policy = FloatDecode<T>>
@@ -456,8 +454,8 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   int64_t splits = 1;
   if (a.batch < 4 * threads) {
     // requests of one length: the fewest splits that give every thread the same work (each
-    // split loads every query row and is merged: 2 splits ran in 67 us where 8 took 76, at
-    // 512 positions on 2 threads); uneven lengths: 4 items a thread, so that a thread done
+    // split loads every query row and is merged, so more splits only cost time); uneven
+    // lengths: 4 items a thread, so that a thread done
     // with a short request takes another
     const int64_t even = threads / std::gcd<int64_t>(a.batch, threads);
     const int64_t want = fewest == N ? even : (4 * threads + a.batch - 1) / a.batch;
@@ -470,14 +468,14 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   const int64_t kv_tok = Hkv * D, slice_bytes = D * static_cast<int64_t>(sizeof(T));
   constexpr int kPrefetchBlocks = 2;  // how far ahead, in blocks of W positions
   // keys per P V pass over the KV heads: every O row is loaded and stored once per pass
-  // (16 against 8: 11% less time per block, in the caches on one thread)
+  // (16 rather than 8: half the loads and stores of O per block)
   constexpr int kValueKeys = 16;
   // a head's output row: its O row (in the policy's channel order) over the softmax sum l
-  // (gathered into channel order 64 at a time, then scaled and converted by vectors: one
-  // scalar conversion per channel cost 15% of a call at 8 x 256 cached tokens). The order
-  // repeats every 64 channels (its period, 2W or 32, divides 64), so one table of it serves
-  // every run: computing o_index per channel was half of a decode call over one cached
-  // position (16 heads of 64, one thread: 5.0 -> 3.9 us).
+  // (gathered into channel order 64 at a time, then scaled and converted by vectors: a
+  // scalar conversion per channel was a visible share of a call at short lengths). The
+  // order repeats every 64 channels (its period, 2W or 32, divides 64), so one table of it
+  // serves every run: computing o_index per channel dominated a decode call over few
+  // cached positions.
   alignas(64) int32_t order[64];
   for (int d = 0; d < 64; ++d) order[d] = static_cast<int32_t>(Policy::o_index(d));
   auto store_head = [D, &order](const float* o, float l, T* dst) {

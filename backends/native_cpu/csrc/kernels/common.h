@@ -203,9 +203,7 @@ inline float* scratch(size_t count, int slot = 0) {
 // degree-3 polynomial in t - round(t) (exp2_fraction): relative error below 8e-5, a
 // twelfth of a float16 ulp, in 9 vector ops of which 4 multiply (the accurate path: 14
 // and 10). Against the previous Fast form (one-step reduction in base e, degree 4: 10 and
-// 6), on Zen 4, one thread, the argument in the L1: vexp 2.16 -> 2.09 ns per vector,
-// vexp_neg (silu, gelu) 1.83 -> 1.68, medians of 8 alternating runs: the multiplies were
-// not what bound it.
+// 6) it was only slightly faster in the L1: the multiplies were not what bound it.
 
 // 2^f for f in [-1/2, 1/2]: a degree-3 polynomial fitted for relative error (7.5e-5 at
 // most, evaluated in float)

@@ -16,7 +16,7 @@
 constexpr int kMRb = 12;
 // K per block (2048 pairs): A micro-panel 96 KB, B panel 256 KB, both read from the L2. A
 // decoder's down projection (K = 2816) then runs in one block: 2048 split it in two, and
-// the float accumulator's round trip cost it about 4% (83-84% -> 86-88% of peak at m = 512).
+// the float accumulator's round trip between the blocks cost it time.
 constexpr int64_t kKCb = 4096;
 constexpr int64_t kNCb = 2048;
 
@@ -74,8 +74,8 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
 
 // One panel of B in the micro-kernel's layout: K pairs of [pc, pc + kc) for result columns
 // col0..col0 + 31, one 32-bit pair a column (columns from `end` on are zeros).
-// (Both packers are forced inline: without the attribute the row split ran NN 1024^3 at
-// 1.07-1.17x the time it took before they were factored out of it, with it 0.95-1.05x.)
+// (Both packers are forced inline: without the attribute the row split ran NN 1024^3
+// slower than before they were factored out of it; with it, as fast.)
 [[gnu::always_inline]] inline void pack_b_panel_bf16(const tnc::GemmArgs& g, const bf16_t* B, int64_t pc, int64_t kc,
                                                      int64_t col0, int64_t end, uint16_t* __restrict dst) {
   const int64_t kcp = (kc + 1) / 2;
@@ -164,11 +164,10 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
 
 // NT products (B rows contiguous along K: F.linear's weight) with up to this much of A
 // (bf16 bytes) take the panel split (gemm_bf16_dot_panels), which reads all of A from the
-// L3 once a panel; others the row split, whose row blocks stay in the L2. Paired
-// processes on the Zen 4, panel split against row split: m512 n5632 k1024 0.86-0.94x the
-// time, m512 n1024 k2816 (2.9 MB of A) 0.97-1.01x, m512 n32000 0.84x, m300 n1536 0.85x,
-// m1024 n5632 k1024 0.98x; m2048 n1024 k1024 (4 MB of A) 1.10x; NN 1024^3 1.09x, m512
-// n4096 k1024 1.05x (its panels pack from strided rows, with nothing prefetched).
+// L3 once a panel; others the row split, whose row blocks stay in the L2. In paired
+// processes on a Zen 4 the panel split was as fast or faster up to about 3 MB of A and
+// slower beyond it, and slower for NN products, whose panels pack from strided rows with
+// nothing prefetched (docs/performance.md).
 constexpr int64_t kPanelsMaxABytes = 3 << 20;
 
 // An NT product (B's rows are the weight's, contiguous along K) with the whole K in one

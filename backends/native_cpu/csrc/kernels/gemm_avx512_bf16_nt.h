@@ -16,8 +16,9 @@
 // is the vector operand. A register tile is 12 columns (B rows) x 32 rows (two vectors), so
 // it holds a slice of C^T, accumulated over K blocks in a float buffer laid out column by
 // column (ct[col][row]) and transposed to the bfloat16 result after the last K block.
-// Packing B cost ~20% of m128 n2112 k7168 (30 MB of weight read, transposed and written
-// before any arithmetic); here the weight is read once, by the arithmetic. Used for
+// Packing B reads, transposes and writes the whole weight before any arithmetic (30 MB at
+// n2112 k7168), a large share of a product with few rows; here the weight is read once, by
+// the arithmetic. Used for
 // m <= kDirectMaxM, where A (and the C^T buffer) stay small and packing B would be a large
 // share of the work.
 constexpr int kNBd = 12;                // B rows (result columns) per register tile
@@ -176,10 +177,9 @@ inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, cons
   for (int j = 0; j < NB; ++j) rows[j] = b + std::min(j, nb - 1) * ldb;
   // The next block's rows are fetched into the L2 while this block computes: NB short row
   // streams (2 KiB each at K = 1024) end about when the hardware prefetcher has picked them
-  // up, so without this a GEMV reached half the read bandwidth. Into the L2, not the L1
-  // (as the GEMV's stream, kRowPrefetchBytes): toggled in one process on the Zen 4, m = 8
-  // at 1024 -> 1536 / 5632 read 44% / 43% of the read probe with prefetcht0, 70% / 76%
-  // with prefetcht1; m = 4 at 2816 -> 1024 63% -> 72%. (Past B's end: a prefetch never
+  // up, so without this a GEMV left much of the read bandwidth unused. Into the L2, not the
+  // L1 (as the GEMV's stream, kRowPrefetchBytes): prefetcht0 was clearly slower when the
+  // two were toggled in one process (docs/performance.md). (Past B's end: a prefetch never
   // faults.)
   const uint16_t* next = b + NB * ldb;
   int64_t kk = 0;
@@ -223,9 +223,8 @@ void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t l
 
 // Weight rows stream from memory: a prefetch into the L2 (prefetcht1) this many bytes
 // ahead of the loads, one per two cache lines (the L2's own prefetcher fetches the pair's
-// other line). In a standalone harness on the Zen 4 (medians of interleaved runs, as shares
-// of a read probe beside them), per-row dots reached 56-70% without it and 69-83% with
-// it; prefetcht0 instead reached 46-53%, worse than none.
+// other line). In a standalone harness on a Zen 4 the per-row dots were faster with it
+// than without, and prefetcht0 instead was worse than none (docs/performance.md).
 constexpr int64_t kRowPrefetchBytes = 4096;
 
 // The dots of one row of B with MR rows of A (each zero-padded to a multiple of 32, kp
@@ -282,20 +281,17 @@ inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uin
 // steps). B's rows are read one after another, each once, against every activation row
 // (dot_bf16_nt_sums), so B is one forward stream per thread, which the prefetch above
 // keeps ahead of. (Blocks of several B rows read at once, the path for more rows, are as
-// many short streams: at K = 1024 they reached about half the read bandwidth.) The sums
-// of a block of B rows are reduced together (S::transpose_add, as the attention kernels
-// finish theirs): a horizontal reduction after every row cost about a fifth of the
-// bandwidth. Toggled in one process against the per-row form without prefetch, weights
-// from memory, 2 threads, shares of the read probe:
-// m = 1, 1024 -> 5632: 67-71% -> 79-82%; 2816 -> 1024: 64-77% -> 79-84%; m = 4,
-// 1024 -> 1536: 38% -> 60%.
+// many short streams, which the prefetchers follow worse.) The sums of a block of B rows
+// are reduced together (S::transpose_add, as the attention kernels finish theirs): a
+// horizontal reduction after every row cost a visible share of the bandwidth. Both
+// against the per-row form without prefetch: docs/performance.md.
 constexpr int kGemvSums = W;  // one vector of results per block
 // B rows per block with MR activation rows (the block's MR x rows sums fill at most W)
 template <int MR>
 constexpr int64_t kGemvBlockRows = kGemvSums / MR;
 // For more than one activation row: while A's rows fit in half the L1 beside the stream.
-// Past that the blocks of rows were faster (m = 3-4 at K = 7168: 44-51% of the read probe
-// here against 62-69%) or even (m = 4 at K = 2816).
+// Past that the blocks of rows were faster (m = 3-4 at K = 7168) or even (m = 4 at
+// K = 2816).
 constexpr int64_t kGemvMaxABytes = 16 << 10;
 
 template <int MR>

@@ -15,12 +15,11 @@ constexpr int64_t kSkinnyM = 16;
 constexpr int64_t kSkinnyPairRows = 2;
 // Rows of A up to which NT reads B one row at a time (skinny_nt_row): B is then a single
 // forward stream per thread, which the hardware prefetcher keeps ahead of. Blocks of NB
-// rows read at once are NB short streams (2 KiB each at K = 1024). On the Zen 4 (2 threads,
-// 1 x 1024 -> 5632 from memory, medians of 9 passes; a read probe beside them 26-35 GB/s),
-// one row at a time against the blocks: AVX2 bfloat16 23 -> 34 GB/s, float16 16-20 -> 32,
-// float32 24-26 -> 31-33; AVX-512 float16 19-22 -> 25-30; m = 2 likewise. At m = 4 the
-// two were even or the blocks ahead (each B load meets enough FMAs that the block's shared
-// A loads count), so more rows keep the blocks.
+// rows read at once are NB short streams (2 KiB each at K = 1024), which it does not keep
+// as far ahead of: at one and two rows of A the single stream was faster in every build
+// and dtype measured (docs/performance.md). At m = 4 the two were even or the blocks ahead (each B
+// load meets enough FMAs that the block's shared A loads count), so more rows keep the
+// blocks.
 constexpr int64_t kSkinnyStreamRows = 2;
 
 template <int MR>
@@ -33,10 +32,10 @@ constexpr int skinny_nt_rows() {
 // Pairs (bfloat16 where the ISA has load_pair), in load_pair's lane order within each block
 // of 2W, and kp a multiple of 2W. (skinny_nt's blocks of B rows, and the MoE decode rows'
 // generic dots, kernels/moe.h.)
-// B's rows stream from memory as NB interleaved streams per block; the hardware prefetcher
-// alone left an AVX2 bfloat16 GEMV at about half the read bandwidth (11 of 21 GB/s). So a
-// block may prefetch the block after it (`next`, its first row; next_nb rows), a line per
-// row for each line it reads, and that block's loads start warm (17-18 GB/s).
+// B's rows stream from memory as NB interleaved streams per block, which the hardware
+// prefetcher alone does not keep ahead of. So a block may prefetch the block after it
+// (`next`, its first row; next_nb rows), a line per row for each line it reads, and that
+// block's loads start warm.
 template <class T, int MR, int NB, bool Pairs = false>
 inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, int64_t ldb, int64_t k, int nb,
                             float out[MR][NB], const T* next = nullptr, int next_nb = 0) {
@@ -264,8 +263,8 @@ void gemm_skinny(const tnc::GemmArgs& g, int threads) {
   const bool nt = g.b_row == 1 && !(g.b_col == 1 && n > 1);  // B[j, :] contiguous along K
   // A in load_pair's lane order (skinny_nt_row) where B's rows are read in pairs: up to
   // kSkinnyPairRows rows of A. With more, each B load meets enough FMAs that widening W at a time is
-  // as fast, and the pair form's two A vectors per step cost registers (AVX2, m = 4:
-  // 8 GB/s of weight in pairs, 11-12 without).
+  // as fast, and the pair form's two A vectors per step cost registers (on AVX2 at m = 4
+  // the pair form was the slower).
   const bool pairs = nt && kPairsPermute<T> && m <= kSkinnyPairRows;
   const int64_t kp = (k + 2 * W - 1) / (2 * W) * (2 * W);
   // chunks of at least ~32 KB of B, in whole vector blocks of columns for NN

@@ -84,7 +84,7 @@ inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, 
   // it does not rank above: equal values keep the lower id first. Past the first K experts
   // most fail the one comparison with the last kept (about K ln(E/K) enter).
   // (Values are kept beside the ids: comparing through select[ids[i]] made every step of
-  // an insertion two dependent loads, and the router 3x slower.)
+  // an insertion two dependent loads.)
   int64_t kept = 0;
   auto insert = [&](int64_t e, float v) {
     int64_t at = kept < K ? kept++ : K - 1;

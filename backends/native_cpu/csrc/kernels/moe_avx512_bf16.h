@@ -13,8 +13,8 @@
 // moe_decode's Rows for bfloat16: activations kept as bfloat16 bits, zero-padded to
 // whole vectors of 32, and vdpbf16ps straight on them and the weight rows: the GEMV's row
 // dots (dot_bf16_nt_rows), each row read once as one prefetched forward stream for every token.
-// (skinny_nt_bf16_block over two rows at once, an accumulator per token and row, reached
-// about half of this at 2 to 4 tokens: two interleaved row streams.)
+// (skinny_nt_bf16_block over two rows at once, an accumulator per token and row, was
+// slower at 2 to 4 tokens: two interleaved row streams.)
 struct Avx512Bf16DecodeRows {
   using A = uint16_t;
   static int64_t padded(int64_t k) { return (k + 31) / 32 * 32; }

@@ -81,9 +81,8 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
     for (int64_t i = 0; i < cnt; ++i) acc[i] = init;
     int64_t rc = r0;
     // wide rows: four reduced rows per pass over acc, a quarter of acc's loads and stores
-    // (8 KiB of floats and more do not stay in the L1 beside the rows: [2048, 4096] bf16
-    // over dim 0 took 0.64x the time). Narrower ones keep one row at a time, a single
-    // forward stream (four rows of 256 at once took 1.9x the time).
+    // (8 KiB of floats and more do not stay in the L1 beside the rows). Narrower ones keep
+    // one row at a time, a single forward stream (four rows at once were slower there).
     for (; cnt >= 2048 && rc + 4 <= r1; rc += 4) {
       const T* p[4];
       for (int j = 0; j < 4; ++j) p[j] = x + base + offset_of(rc + j, red, nr);

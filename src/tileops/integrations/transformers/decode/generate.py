@@ -2,10 +2,8 @@
 
 A replayed decode step (``decode/replay.py``) still has Python around it each token:
 transformers' generate loop (inputs, logits processing, argmax, stopping criteria) and
-the integration's forward. hf_profile.py measured 1.3-1.4 ms of it a token on
-hfdecode/generate.py's Llama at batch 1, 10-13% of a step, on caches that the step's weights
-flushed; no trimming of it reached the 90% of the bandwidth limit that issue 12 asks of
-a decode.
+the integration's forward, on caches that the step's weights flushed: a share of each
+step that no trimming of it removed (``benchmarks/hf_profile.py`` measures it).
 
 So an enabled plain causal LM whose decode step replays (``planning/enable.py``) gets a
 ``generate`` of its own: transformers' ``generate`` with ``greedy_search`` below as its

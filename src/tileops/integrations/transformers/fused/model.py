@@ -10,10 +10,9 @@ directly, and joins the residual add that ends a layer with the next layer's inp
 already does inside a layer. The op adds in the model dtype and normalises the rounded sum,
 exactly as transformers' add and norm do, so results are the same bits.
 
-Why: a decode step of hfdecode/generate.py's Llama is ~90 op calls around 8-9 ms of weight
-streaming, and transformers' module machinery took 0.5-1.5 ms more; each line of Python
-after a GEMV that streamed megabytes of weights runs on a cold cache (the first torch op
-after a forward took 66 us, the same op again 4 us).
+Why: a decode step is about ten op calls per layer around the streaming of every weight,
+and transformers' module machinery around them is Python that runs on caches the weights
+have just flushed (docs/performance.md has the figures).
 
 The loop runs only where transformers' forward would add nothing to it:
 - no forward hooks on the model's modules, nor global ones (a hook is the user's, or
