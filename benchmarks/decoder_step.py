@@ -53,8 +53,10 @@ def main() -> int:
         "tileops/native_cpu": llama_step.TileopsDecoder(cfg, weights),
         "torch eager": llama_step.EagerDecoder(cfg, weights),
     }
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; decoder hidden {cfg.hidden}, "
-          f"heads {cfg.heads}/{cfg.heads_kv} x {cfg.head_dim}, mlp {cfg.mlp}, layers {cfg.layers}, {cfg.dtype}, batch 1")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}; decoder hidden {cfg.hidden}, "
+        f"heads {cfg.heads}/{cfg.heads_kv} x {cfg.head_dim}, mlp {cfg.mlp}, layers {cfg.layers}, {cfg.dtype}, batch 1"
+    )
     # warm up (kernels are built on first use) and check the two agree
     outs = {name: llama_step.generate(d, cfg, 8, start=args.start) for name, d in decoders.items()}
     a, b = outs.values()
@@ -74,15 +76,19 @@ def main() -> int:
         print(f"{n:<20} {med:12.1f} {max(rates[n]):11.1f} {min(rates[n]):12.1f} {1e3 / med:9.3f}")
     ratio = statistics.median(rates[names[0]]) / statistics.median(rates[names[1]])
     per_round = sorted(x / y for x, y in zip(rates[names[0]], rates[names[1]]))
-    print(f"\nspeed-up (ratio of medians) {ratio:.2f}x; per-round ratios {per_round[0]:.2f}..{per_round[-1]:.2f}; "
-          f"target >= {TARGET_RATIO}x: {'ok' if ratio >= TARGET_RATIO else 'MISS'}")
+    print(
+        f"\nspeed-up (ratio of medians) {ratio:.2f}x; per-round ratios {per_round[0]:.2f}..{per_round[-1]:.2f}; "
+        f"target >= {TARGET_RATIO}x: {'ok' if ratio >= TARGET_RATIO else 'MISS'}"
+    )
     native = sys.modules.get("tileops_native_cpu.builders")
     if native is not None and hasattr(native.native(), "pool_stats"):
         rounds, chunks, caller, on_team, stalls, alone = native.native().pool_stats()
         if rounds:
-            print(f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled, "
-                  f"{alone} on the calling thread alone after a stall; "
-                  f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks")
+            print(
+                f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled, "
+                f"{alone} on the calling thread alone after a stall; "
+                f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks"
+            )
     set_default_target(None)
     return 0
 

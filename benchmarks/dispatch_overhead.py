@@ -72,10 +72,7 @@ def main() -> None:
         f"(target <= 500 ns: {'met' if overhead <= 500 else 'MISSED'})"
     )
     ratio = overhead / med["torch.add"]
-    print(
-        f"overhead / torch.add: {ratio:.2f}x "
-        f"(target <= 0.5x: {'met' if ratio <= 0.5 else 'MISSED'})"
-    )
+    print(f"overhead / torch.add: {ratio:.2f}x (target <= 0.5x: {'met' if ratio <= 0.5 else 'MISSED'})")
     print(f"op / torch.add: {med['op'] / med['torch.add']:.2f}x")
 
 

@@ -49,8 +49,17 @@ from tileops.integrations.transformers import enable
 from tileops.testing.agreement import check_greedy_agreement
 
 TARGET = "native_cpu"
-CONFIG = dict(vocab_size=32000, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4,
-              head_dim=64, intermediate_size=2816, tie_word_embeddings=False, max_position_embeddings=4096)
+CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    intermediate_size=2816,
+    tie_word_embeddings=False,
+    max_position_embeddings=4096,
+)
 
 
 def read_bandwidth_gbs(repeats: int = 5) -> float:
@@ -122,12 +131,14 @@ def measure(model, ids, mask, new: int, generate=None) -> tuple[float, float]:
         prefill = time.perf_counter() - t0
         t0 = time.perf_counter()
         cache = "cache" if "cache" in first else "past_key_values"  # the name before transformers 5.24
-        out = generate(first.sequences, attention_mask=resumed_mask, **{cache: first[cache]},
-                       max_new_tokens=steps, **kw)
+        out = generate(
+            first.sequences, attention_mask=resumed_mask, **{cache: first[cache]}, max_new_tokens=steps, **kw
+        )
         resumed = time.perf_counter() - t0
         if out.shape[1] != first.sequences.shape[1] + steps:
-            raise RuntimeError(f"generate stopped after {out.shape[1] - first.sequences.shape[1]} of {steps} tokens "
-                               "(call never_stop)")
+            raise RuntimeError(
+                f"generate stopped after {out.shape[1] - first.sequences.shape[1]} of {steps} tokens (call never_stop)"
+            )
         return prefill, resumed
 
     prefill, many = prefill_then_resume(new)
@@ -146,8 +157,10 @@ def agreement(ref, got, prompt: int) -> str:
         sure = check_greedy_agreement(logits, ref_tokens, tokens, tol)
     except AssertionError as e:
         return f"DISAGREE where the reference is sure: {e}"
-    return (f"the first {same} of {tokens.shape[1]} agree; the reference is sure for {min(sure)} steps "
-            f"(margin > {tol:.3f}): agree")
+    return (
+        f"the first {same} of {tokens.shape[1]} agree; the reference is sure for {min(sure)} steps "
+        f"(margin > {tol:.3f}): agree"
+    )
 
 
 def main() -> int:
@@ -157,8 +170,12 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=64, help="tokens generated per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also HF + torch.compile (slow to compile)")
-    ap.add_argument("--target", default=TARGET, help="the target HF + tileops runs on (default native_cpu); "
-                    "TILEOPS_DECODE_REPLAY=0 turns the decode replay off, for its share of the speed")
+    ap.add_argument(
+        "--target",
+        default=TARGET,
+        help="the target HF + tileops runs on (default native_cpu); "
+        "TILEOPS_DECODE_REPLAY=0 turns the decode replay off, for its share of the speed",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -167,18 +184,22 @@ def main() -> int:
     params = sum(p.numel() for p in model.parameters())
     step_bytes = weight_bytes_per_step(model)
     bw, peak = read_bandwidth_gbs(), bf16_peak_gflops()
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
-          f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
-          f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds); "
-          f"bf16 peak {peak:.0f} GFLOP/s ({peak_probe()} probe)")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, threads {torch.get_num_threads()}; "
+        f"Llama {params / 1e6:.1f}M params bf16; weights read per decode step {step_bytes / 1e6:.1f} MB; "
+        f"read bandwidth at start {bw:.1f} GB/s (each workload's limit uses the probes between its rounds); "
+        f"bf16 peak {peak:.0f} GFLOP/s ({peak_probe()} probe)"
+    )
 
     on_tileops = copy.deepcopy(model)
     enable(on_tileops, target=args.target)
     systems = {"HF eager": model, "HF + tileops": on_tileops}
     if args.compile:
         systems["HF + torch.compile"] = torch.compile(copy.deepcopy(model))
-    print(f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'% of peak':>9} {'decode tok/s':>12} "
-          f"{'weights GB/s':>12} {'read GB/s':>9} {'limit tok/s':>11} {'% of limit':>10}")
+    print(
+        f"\n{'workload':<14} {'system':<20} {'prefill tok/s':>13} {'% of peak':>9} {'decode tok/s':>12} "
+        f"{'weights GB/s':>12} {'read GB/s':>9} {'limit tok/s':>11} {'% of limit':>10}"
+    )
     for prompt in args.prompts:
         for batch in args.batches:
             gen = torch.Generator().manual_seed(prompt + batch)
@@ -195,9 +216,15 @@ def main() -> int:
                     res = measure(m, ids, mask, args.new)
                     if r == 0:
                         with torch.no_grad():
-                            tokens[name] = m.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
-                                                      pad_token_id=0, output_logits=True,
-                                                      return_dict_in_generate=True)
+                            tokens[name] = m.generate(
+                                ids,
+                                attention_mask=mask,
+                                max_new_tokens=16,
+                                do_sample=False,
+                                pad_token_id=0,
+                                output_logits=True,
+                                return_dict_in_generate=True,
+                            )
                     else:
                         results[name].append(res)
             bw = statistics.median(probes)
@@ -209,8 +236,11 @@ def main() -> int:
                 figures[name] = (pre, dec)
                 share = prefill_flops(CONFIG, batch, prompt) / (batch * prompt / pre) / 1e9 / peak
                 streamed = dec / batch * step_bytes / 1e9
-                print(f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {100 * share:8.1f}% {dec:12.1f} "
-                      f"{streamed:12.1f} {bw:9.1f} {limit:11.1f} {100 * dec / limit:9.1f}%", flush=True)
+                print(
+                    f"P{prompt:<4} B{batch:<7} {name:<20} {pre:13.1f} {100 * share:8.1f}% {dec:12.1f} "
+                    f"{streamed:12.1f} {bw:9.1f} {limit:11.1f} {100 * dec / limit:9.1f}%",
+                    flush=True,
+                )
             (pe, de), (pt, dt) = figures["HF eager"], figures["HF + tileops"]
             print(f"{'':<14} tileops vs HF eager: prefill {pt / pe:.2f}x, decode {dt / de:.2f}x")
             print(f"{'':<14} read probe between rounds: median {bw:.1f} GB/s, {min(probes):.1f}-{max(probes):.1f}")
@@ -219,8 +249,10 @@ def main() -> int:
     replay = getattr(fused, "replay", None)
     if replay is not None:  # decode steps replayed from a captured graph (docs/transformers.md)
         refused = f"; not replayed at batch sizes {replay.refused}" if replay.refused else ""
-        print(f"\nHF + tileops decode steps replayed from a captured graph: {replay.replays}, of which {replay.searched} "
-              f"by greedy search's loop in C++{refused}")
+        print(
+            f"\nHF + tileops decode steps replayed from a captured graph: {replay.replays}, of which {replay.searched} "
+            f"by greedy search's loop in C++{refused}"
+        )
     return 0
 
 

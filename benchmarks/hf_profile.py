@@ -103,8 +103,11 @@ def report(title: str, timer: OpTimer, total: float, per: int) -> None:
         if key.startswith("GemmFwdOp"):
             m, n, k = (int(w[1:]) for w in key.split()[1:])
             per_call = sec / timer.calls[key]
-            extra = (f"  {n * k * 2 / per_call / 1e9:6.1f} GB/s of weight" if m == 1
-                     else f"  {2 * m * n * k / per_call / 1e9:6.1f} GFLOP/s")
+            extra = (
+                f"  {n * k * 2 / per_call / 1e9:6.1f} GB/s of weight"
+                if m == 1
+                else f"  {2 * m * n * k / per_call / 1e9:6.1f} GFLOP/s"
+            )
         print(f"  {key:<52} {sec / per * 1e3:8.3f} ms  {timer.calls[key] / per:5.1f} calls{extra}")
     inside = sum(timer.seconds.values())
     print(f"  {'ops':<52} {inside / per * 1e3:8.3f} ms")
@@ -126,8 +129,10 @@ def report_graph(graph, replays: int) -> None:
     groups: dict[str, list[float]] = collections.defaultdict(list)
     for name, sec in zip(names, per_call):
         groups[name.removeprefix(f"{TARGET} ")].append(sec)
-    print(f"\ndecode step replayed alone from its captured graph ({len(names)} calls, medians of {replays} replays): "
-          f"{total * 1e3:.2f} ms")
+    print(
+        f"\ndecode step replayed alone from its captured graph ({len(names)} calls, medians of {replays} replays): "
+        f"{total * 1e3:.2f} ms"
+    )
     for name, secs in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
         kernel, calls = name.split(": ", 1)  # "GemmFwdOp(...)", "[1, 1024], [5632, 1024] -> [1, 5632]"
         inputs = calls.split(" -> ")[0]
@@ -140,7 +145,9 @@ def report_graph(graph, replays: int) -> None:
         print(f"  {label:<64.64} {sum(secs) * 1e3:8.3f} ms  {len(secs):3d} calls{extra}")
 
 
-TINY = dict(CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
+TINY = dict(
+    CONFIG, vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1
+)
 
 
 def tiny_model() -> torch.nn.Module:
@@ -211,8 +218,14 @@ def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[
         for _ in range(2):  # the first generate builds the kernels
             for v in times.values():
                 v.clear()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                           streamer=Tokens(), pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                do_sample=False,
+                streamer=Tokens(),
+                pad_token_id=0,
+            )
     finally:
         del replay.step  # the class's method again
         if patched:
@@ -222,9 +235,13 @@ def generate_split(model: torch.nn.Module, ids: torch.Tensor, new: int) -> list[
     last = new // 2  # replayed steps only (the first decode steps build the kernels and capture the graph)
     token = [b - a for a, b in zip(times["token"][1:], times["token"][2:])][-last:]
     fwd, stp, rep = (times[k][-last:] for k in ("forward", "step", "replay"))
-    return [statistics.median(token), statistics.median(t - f for t, f in zip(token, fwd)),
-            statistics.median(f - s for f, s in zip(fwd, stp)), statistics.median(s - r for s, r in zip(stp, rep)),
-            statistics.median(rep)]
+    return [
+        statistics.median(token),
+        statistics.median(t - f for t, f in zip(token, fwd)),
+        statistics.median(f - s for f, s in zip(fwd, stp)),
+        statistics.median(s - r for s, r in zip(stp, rep)),
+        statistics.median(rep),
+    ]
 
 
 @torch.no_grad()
@@ -234,8 +251,10 @@ def search_side_by_side(model: torch.nn.Module, ids: torch.Tensor, new: int, rou
     same replayed steps (``type(model).generate``), alternated over ``rounds``: each is
     hf_generate.measure's decode step (generate resumed from the prompt's cache for ``new``
     tokens minus for 1, over new - 1 steps)."""
-    loops = {"the search in C++": model.generate,
-             "transformers' loop": lambda *a, **k: type(model).generate(model, *a, **k)}
+    loops = {
+        "the search in C++": model.generate,
+        "transformers' loop": lambda *a, **k: type(model).generate(model, *a, **k),
+    }
     times: dict[str, list[float]] = {name: [] for name in loops}
     for r in range(rounds + 1):  # round 0 warms up
         for name in list(loops) if r % 2 else list(loops)[::-1]:
@@ -256,10 +275,12 @@ def report_split(title: str, split: list[float], weight_bytes: int | None = None
     if weight_bytes is not None and gbs is not None:
         floor = weight_bytes / (gbs * 1e9)  # the kernels at the read probe's rate
         python = sum(split[1:4])
-        print(f"  at the read probe's {gbs:.1f} GB/s the weights take {floor * 1e3:.2f} ms: this step reached "
-              f"{100 * floor / split[0]:.0f}% of the limit, the replay alone {100 * floor / split[4]:.0f}%; with this "
-              f"Python ({python * 1e3:.2f} ms) around kernels at the probe's rate, at most {100 * floor / (floor + python):.0f}%; "
-              f"with transformers' loop alone ({split[1] * 1e3:.2f} ms), at most {100 * floor / (floor + split[1]):.0f}%")
+        print(
+            f"  at the read probe's {gbs:.1f} GB/s the weights take {floor * 1e3:.2f} ms: this step reached "
+            f"{100 * floor / split[0]:.0f}% of the limit, the replay alone {100 * floor / split[4]:.0f}%; with this "
+            f"Python ({python * 1e3:.2f} ms) around kernels at the probe's rate, at most {100 * floor / (floor + python):.0f}%; "
+            f"with transformers' loop alone ({split[1] * 1e3:.2f} ms), at most {100 * floor / (floor + split[1]):.0f}%"
+        )
 
 
 @torch.no_grad()
@@ -302,23 +323,33 @@ def main() -> int:
     timer = OpTimer()
     timed = decode(args.steps, timer)
     fused.replay = replay
-    print(f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a captured graph, {plain * 1e3:.2f} ms "
-          f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
-          f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop")
+    print(
+        f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a captured graph, {plain * 1e3:.2f} ms "
+        f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
+        f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop"
+    )
     report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)
     if graph is not None:
         report_graph(graph, args.steps)
     if replay is not None:
         never_stop(model)
         split = generate_split(model, ids, 2 * args.steps)
-        report_split(f"generate's decode step (prompt {args.prompt}, batch 1, greedy)", split,
-                     weight_bytes_per_step(model), read_bandwidth_gbs())
-        report_split("the same for the tiny model (the same Python on warm caches)",
-                     generate_split(tiny_model(), ids % TINY["vocab_size"], 2 * args.steps))
+        report_split(
+            f"generate's decode step (prompt {args.prompt}, batch 1, greedy)",
+            split,
+            weight_bytes_per_step(model),
+            read_bandwidth_gbs(),
+        )
+        report_split(
+            "the same for the tiny model (the same Python on warm caches)",
+            generate_split(tiny_model(), ids % TINY["vocab_size"], 2 * args.steps),
+        )
         side = search_side_by_side(model, ids, args.steps + 1)
         floor = weight_bytes_per_step(model) / (read_bandwidth_gbs() * 1e9)
-        print(f"\ngreedy generate per decode step, alternated (prompt {args.prompt}, batch 1, {args.steps} steps): "
-              f"at the read probe's rate now the weights take {floor * 1e3:.2f} ms")
+        print(
+            f"\ngreedy generate per decode step, alternated (prompt {args.prompt}, batch 1, {args.steps} steps): "
+            f"at the read probe's rate now the weights take {floor * 1e3:.2f} ms"
+        )
         for name, sec in side.items():
             print(f"  {name:<24} {sec * 1e3:7.2f} ms  {1 / sec:6.1f} tok/s  {100 * floor / sec:5.1f}% of the limit")
 
@@ -337,8 +368,10 @@ def main() -> int:
     timed = time.perf_counter() - t0
     print(f"\nprefill without the timers: median {statistics.median(runs) * 1e3:.1f} ms")
     report(f"prefill (prompt {args.prefill}, batch 1)", timer, timed, 1)
-    print(f"\nread bandwidth now: {read_bandwidth_gbs():.1f} GB/s (weights read per decode step: "
-          f"{weight_bytes_per_step(model) / 1e6:.1f} MB)")
+    print(
+        f"\nread bandwidth now: {read_bandwidth_gbs():.1f} GB/s (weights read per decode step: "
+        f"{weight_bytes_per_step(model) / 1e6:.1f} MB)"
+    )
     return 0
 
 

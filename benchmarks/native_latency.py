@@ -113,8 +113,11 @@ def memory_cases() -> list[Case]:
     M, N = 8192, 4096  # 64 MiB per bfloat16 tensor: twice the L3
     x, res, w, b = randn(M, N), randn(M, N), randn(N), randn(N)
     k = build(nb.build_rms_norm, [x, w], normalized_shape=(N,), eps=1e-6)
-    out.append(Case(f"RMSNorm [{M},{N}]", "memory", lambda: k(x, w), lambda: F.rms_norm(x, (N,), w, 1e-6),
-                    bytes=2 * M * N * EB))
+    out.append(
+        Case(
+            f"RMSNorm [{M},{N}]", "memory", lambda: k(x, w), lambda: F.rms_norm(x, (N,), w, 1e-6), bytes=2 * M * N * EB
+        )
+    )
     kf = build(nb.build_fused_add_rms_norm, [x, res, w], eps=1e-6)
 
     def fused_eager():
@@ -123,8 +126,15 @@ def memory_cases() -> list[Case]:
 
     out.append(Case(f"FusedAddRMSNorm [{M},{N}]", "memory", lambda: kf(x, res, w), fused_eager, bytes=4 * M * N * EB))
     kl = build(nb.build_layer_norm, [x, w, b], normalized_shape=(N,), eps=1e-5)
-    out.append(Case(f"LayerNorm [{M},{N}]", "memory", lambda: kl(x, w, b), lambda: F.layer_norm(x, (N,), w, b, 1e-5),
-                    bytes=2 * M * N * EB))
+    out.append(
+        Case(
+            f"LayerNorm [{M},{N}]",
+            "memory",
+            lambda: kl(x, w, b),
+            lambda: F.layer_norm(x, (N,), w, b, 1e-5),
+            bytes=2 * M * N * EB,
+        )
+    )
     ks = build(nb.build_softmax, [x], dim=-1)
     out.append(Case(f"Softmax [{M},{N}]", "memory", lambda: ks(x), lambda: torch.softmax(x, -1), bytes=2 * M * N * EB))
     ka = build(nb.build_add, [x, res], alpha=1)
@@ -138,8 +148,16 @@ def memory_cases() -> list[Case]:
         gate, value = xg.chunk(2, -1)
         return F.silu(gate) * value
 
-    out.append(Case("SiluAndMul [2048,8192]", "memory", lambda: kg(xg), silu_mul_eager, bytes=3 * 2048 * 4096 * EB,
-                    min_x_eager=SILU_MUL_X))
+    out.append(
+        Case(
+            "SiluAndMul [2048,8192]",
+            "memory",
+            lambda: kg(xg),
+            silu_mul_eager,
+            bytes=3 * 2048 * 4096 * EB,
+            min_x_eager=SILU_MUL_X,
+        )
+    )
     xb = randn(8192, 16384)  # 256 MiB in, 128 MiB out
     kb = build(nb.build_silu_and_mul, [xb])
 
@@ -147,7 +165,9 @@ def memory_cases() -> list[Case]:
         gate, value = xb.chunk(2, -1)
         return F.silu(gate) * value
 
-    out.append(Case("SiluAndMul [8192,16384]", "memory", lambda: kb(xb), silu_mul_big_eager, bytes=3 * 8192 * 8192 * EB))
+    out.append(
+        Case("SiluAndMul [8192,16384]", "memory", lambda: kb(xb), silu_mul_big_eager, bytes=3 * 8192 * 8192 * EB)
+    )
     xr = randn(8192, 32, 128)
     pos = torch.randint(0, 8192, (8192,))
     kr = build(nb.build_rope_neox_position_ids, [xr, pos], max_position=8192, base=10000.0, rotary_dim=128)
@@ -161,8 +181,9 @@ def memory_cases() -> list[Case]:
         x1, x2 = xr[..., :half], xr[..., half:]
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
 
-    out.append(Case("RopeNeoxPositionIds [8192,32,128]", "memory", lambda: kr(xr, pos), rope_eager,
-                    bytes=2 * xr.numel() * EB))
+    out.append(
+        Case("RopeNeoxPositionIds [8192,32,128]", "memory", lambda: kr(xr, pos), rope_eager, bytes=2 * xr.numel() * EB)
+    )
     return out
 
 
@@ -194,13 +215,27 @@ def gemm_cases() -> list[Case]:
     for label, m, n, k in (("qkv", 512, 1536, 1024), ("gate_up", 512, 5632, 1024), ("down", 512, 1024, 2816)):
         a, b = randn(m, k), placed(torch.randn(n, k, dtype=BF) * 0.02)
         kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=True)
-        out.append(Case(f"Gemm {label} m{m} n{n} k{k} NT", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
-                        lambda a=a, b=b: F.linear(a, b), flops=2 * m * n * k))
+        out.append(
+            Case(
+                f"Gemm {label} m{m} n{n} k{k} NT",
+                "gemm",
+                lambda kern=kern, a=a, b=b: kern(a, b),
+                lambda a=a, b=b: F.linear(a, b),
+                flops=2 * m * n * k,
+            )
+        )
     for s in (1024, 2048):
         a, b = randn(s, s), randn(s, s)
         kern = build(nb.build_gemm, [a, b], trans_a=False, trans_b=False)
-        out.append(Case(f"Gemm {s}^3 NN", "gemm", lambda kern=kern, a=a, b=b: kern(a, b),
-                        lambda a=a, b=b: torch.matmul(a, b), flops=2 * s**3))
+        out.append(
+            Case(
+                f"Gemm {s}^3 NN",
+                "gemm",
+                lambda kern=kern, a=a, b=b: kern(a, b),
+                lambda a=a, b=b: torch.matmul(a, b),
+                flops=2 * s**3,
+            )
+        )
     return out
 
 
@@ -210,7 +245,9 @@ def gemv_cases() -> list[Case]:
     out: list[Case] = []
     for label, n, k in (("qkv", 1536, 1024), ("o", 1024, 1024), ("gate_up", 5632, 1024), ("down", 1024, 2816)):
         copies = max(2, (96 << 20) // (n * k * EB))
-        nxt = rotating(lambda i, n=n, k=k: (torch.randn(1, k, dtype=BF), placed(torch.randn(n, k, dtype=BF) * 0.02)), copies)
+        nxt = rotating(
+            lambda i, n=n, k=k: (torch.randn(1, k, dtype=BF), placed(torch.randn(n, k, dtype=BF) * 0.02)), copies
+        )
         a0, w0 = nxt()
         kern = build(nb.build_gemm, [a0, w0], trans_a=False, trans_b=True)
 
@@ -237,8 +274,17 @@ def mixed_cases() -> list[Case]:
         return placed((torch.randn(*shape, generator=g) * scale).to(BF))
 
     qkv_n = (heads + 2 * heads_kv) * dim
-    ws = [dict(n1=1 + w(hidden, scale=0.1), qkv=w(qkv_n, hidden), o=w(hidden, heads * dim), n2=1 + w(hidden, scale=0.1),
-               gu=w(2 * mlp, hidden), down=w(hidden, mlp)) for _ in range(layers)]
+    ws = [
+        dict(
+            n1=1 + w(hidden, scale=0.1),
+            qkv=w(qkv_n, hidden),
+            o=w(hidden, heads * dim),
+            n2=1 + w(hidden, scale=0.1),
+            gu=w(2 * mlp, hidden),
+            down=w(hidden, mlp),
+        )
+        for _ in range(layers)
+    ]
     half = dim // 2
     freqs = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))
     ang = torch.outer(torch.arange(4096, dtype=torch.float32), freqs)
@@ -267,11 +313,24 @@ def mixed_cases() -> list[Case]:
 
         def split(t, tokens=tokens):
             q_end, kv_end = heads * dim, (heads + heads_kv) * dim
-            return (t[:, :q_end].reshape(tokens, heads, dim), t[:, q_end:kv_end].reshape(tokens, heads_kv, dim),
-                    t[:, kv_end:].reshape(tokens, heads_kv, dim))
+            return (
+                t[:, :q_end].reshape(tokens, heads, dim),
+                t[:, q_end:kv_end].reshape(tokens, heads_kv, dim),
+                t[:, kv_end:].reshape(tokens, heads_kv, dim),
+            )
 
-        def ours(x=x, norm=norm, fused=fused, add=add, rope_q=rope_q, rope_k=rope_k, silu_mul=silu_mul, pos=pos,
-                 attend=attend, split=split):
+        def ours(
+            x=x,
+            norm=norm,
+            fused=fused,
+            add=add,
+            rope_q=rope_q,
+            rope_k=rope_k,
+            silu_mul=silu_mul,
+            pos=pos,
+            attend=attend,
+            split=split,
+        ):
             h = norm(x, ws[0]["n1"])
             for layer, lw in enumerate(ws):
                 q, k, v = split(F.linear(h, lw["qkv"]))
@@ -334,8 +393,10 @@ def probe_rates(kinds: tuple[str, ...], threads: int, repeats: int) -> dict[str,
 
 def median_and_best(rates: dict[str, list[float]]) -> tuple[float, float]:
     """(the better probe's median, the best repeat of any), GB/s; (0, 0) for no probes."""
-    return (max((statistics.median(r) for r in rates.values()), default=0.0),
-            max((max(r) for r in rates.values()), default=0.0))
+    return (
+        max((statistics.median(r) for r in rates.values()), default=0.0),
+        max((max(r) for r in rates.values()), default=0.0),
+    )
 
 
 def child(args) -> None:
@@ -355,8 +416,16 @@ def child(args) -> None:
         after = probe_rates(kinds, threads, 3)
         ceiling, best = median_and_best({k: before[k] + after[k] for k in kinds})
         eager = time_calls(case.eager, args.calls, args.warmup)
-        result[case.name] = dict(kind=case.kind, bytes=case.bytes, flops=case.flops, min_x_eager=case.min_x_eager,
-                                 ours=ours, eager=eager, ceiling=ceiling, ceiling_best=best)
+        result[case.name] = dict(
+            kind=case.kind,
+            bytes=case.bytes,
+            flops=case.flops,
+            min_x_eager=case.min_x_eager,
+            ours=ours,
+            eager=eager,
+            ceiling=ceiling,
+            ceiling_best=best,
+        )
         del case
     result["_pool"] = list(nb.native().pool_stats())
     # the machine's own distribution: each probe's repeats as calls (one pass over 256 MiB
@@ -390,11 +459,17 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=41, help="timed calls per case and process (>= 31)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated case-name prefixes")
-    ap.add_argument("--thp", action="store_true",
-                    help="children run with THP_MEM_ALLOC_ENABLE=1: torch's allocator asks for huge pages, for "
-                         "inputs (and eager's outputs) as native_cpu's outputs already have")
-    ap.add_argument("--small-pages", action="store_true",
-                    help="inputs and weights on torch's 4 KiB pages, not on huge pages as in a model")
+    ap.add_argument(
+        "--thp",
+        action="store_true",
+        help="children run with THP_MEM_ALLOC_ENABLE=1: torch's allocator asks for huge pages, for "
+        "inputs (and eager's outputs) as native_cpu's outputs already have",
+    )
+    ap.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="inputs and weights on torch's 4 KiB pages, not on huge pages as in a model",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -405,18 +480,32 @@ def main() -> int:
     threads = torch.get_num_threads()
     m = machine(threads)
     env = {k: v for k, v in os.environ.items() if k.startswith("TILEOPS_NATIVE_CPU")}
-    print(f"torch {torch.__version__}, {threads} threads, native_cpu ISA {nb.native().isa()}; {args.procs} fresh "
-          f"processes x {args.calls} calls per case" + (f"; env {env}" if env else "")
-          + ("; inputs and weights on 4 KiB pages" if args.small_pages else "; inputs and weights on huge pages")
-          + ("; children with THP_MEM_ALLOC_ENABLE=1" if args.thp else ""))
-    print(f"machine at start ({threads} threads, 256 MiB, medians of 9 repeats): read {m['read']:.1f} GB/s, "
-          f"copy {m['copy']:.1f} GB/s, streaming copy {m['copy_stream']:.1f} GB/s (read+write), "
-          f"bf16 peak {m['bf16']:.0f} GFLOP/s")
-    print("(memory and GEMV shares are of the median of the probes each process ran beside the case; the worst "
-          "process's share is the verdict)\n")
+    print(
+        f"torch {torch.__version__}, {threads} threads, native_cpu ISA {nb.native().isa()}; {args.procs} fresh "
+        f"processes x {args.calls} calls per case"
+        + (f"; env {env}" if env else "")
+        + ("; inputs and weights on 4 KiB pages" if args.small_pages else "; inputs and weights on huge pages")
+        + ("; children with THP_MEM_ALLOC_ENABLE=1" if args.thp else "")
+    )
+    print(
+        f"machine at start ({threads} threads, 256 MiB, medians of 9 repeats): read {m['read']:.1f} GB/s, "
+        f"copy {m['copy']:.1f} GB/s, streaming copy {m['copy_stream']:.1f} GB/s (read+write), "
+        f"bf16 peak {m['bf16']:.0f} GFLOP/s"
+    )
+    print(
+        "(memory and GEMV shares are of the median of the probes each process ran beside the case; the worst "
+        "process's share is the verdict)\n"
+    )
     runs = []
     for p in range(args.procs):
-        cmd = [sys.executable, __file__, "--child", f"--calls={args.calls}", f"--warmup={args.warmup}", f"--only={args.only}"]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            f"--calls={args.calls}",
+            f"--warmup={args.warmup}",
+            f"--only={args.only}",
+        ]
         cmd += ["--small-pages"] * args.small_pages
         child_env = dict(os.environ, THP_MEM_ALLOC_ENABLE="1") if args.thp else None
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env)
@@ -428,12 +517,16 @@ def main() -> int:
     names = [n for n in runs[0] if not n.startswith("_")]
     # a case's kind -> what its rate counts, the ceiling it is a share of (None: the probe
     # each process ran beside the case), the share to reach
-    limits = {"memory": ("bytes", "read+write", None, MEM_SHARE, "GB/s"),
-              "gemm": ("flops", "peak", m["bf16"], GEMM_SHARE, "GFLOP/s"),
-              "gemv": ("bytes", "read", None, GEMV_SHARE, "GB/s")}
+    limits = {
+        "memory": ("bytes", "read+write", None, MEM_SHARE, "GB/s"),
+        "gemm": ("flops", "peak", m["bf16"], GEMM_SHARE, "GFLOP/s"),
+        "gemv": ("bytes", "read", None, GEMV_SHARE, "GB/s"),
+    }
     misses: list[str] = []
-    hdr = (f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} {'eager ms: median':>16} {'p90':>7} "
-           f"{'max':>7} {'x eager':>7}")
+    hdr = (
+        f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} {'eager ms: median':>16} {'p90':>7} "
+        f"{'max':>7} {'x eager':>7}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for name in names:
@@ -446,26 +539,41 @@ def main() -> int:
             tail_ok = po <= TAIL * mo
             if not tail_ok:
                 misses.append(f"tail: {name} (process {p + 1}: p90 {po / mo:.2f}x median)")
-            print(f"{name if p == 0 else '':<40} {p + 1:>4} {mo * 1e3:18.3f} {po * 1e3:7.3f} {xo * 1e3:7.3f} {me * 1e3:16.3f} "
-                  f"{pe * 1e3:7.3f} {xe * 1e3:7.3f} {me / mo:7.2f}" + ("" if tail_ok else "  tail MISS"))
+            print(
+                f"{name if p == 0 else '':<40} {p + 1:>4} {mo * 1e3:18.3f} {po * 1e3:7.3f} {xo * 1e3:7.3f} {me * 1e3:16.3f} "
+                f"{pe * 1e3:7.3f} {xe * 1e3:7.3f} {me / mo:7.2f}" + ("" if tail_ok else "  tail MISS")
+            )
         c = runs[0][name]
         ours_meds, eager_meds = [a for a, _ in meds], [e for _, e in meds]
         spread = max(ours_meds) / min(ours_meds)
         x_eager = min(e / o for o, e in meds)
         # eager's own spread across the same processes: how much of ours is the machine's
-        verdicts = [f"stability {spread:.2f}x {'ok' if spread <= STABLE else 'MISS'} "
-                    f"(eager {max(eager_meds) / min(eager_meds):.2f}x)"]
+        verdicts = [
+            f"stability {spread:.2f}x {'ok' if spread <= STABLE else 'MISS'} "
+            f"(eager {max(eager_meds) / min(eager_meds):.2f}x)"
+        ]
         if spread > STABLE:
             misses.append(f"stability: {name} ({spread:.2f}x)")
         if c["kind"] in limits:
             counted, ceiling_name, fixed, share, unit = limits[c["kind"]]
             # the worst process's share (of its own probes, or of the fixed ceiling)
-            rate, ceiling, best = min(((c[counted] / o / 1e9, fixed or run[name]["ceiling"], run[name]["ceiling_best"])
-                                       for (o, _), run in zip(meds, runs)), key=lambda rc: rc[0] / rc[1])
+            rate, ceiling, best = min(
+                (
+                    (c[counted] / o / 1e9, fixed or run[name]["ceiling"], run[name]["ceiling_best"])
+                    for (o, _), run in zip(meds, runs)
+                ),
+                key=lambda rc: rc[0] / rc[1],
+            )
             ok = rate >= share * ceiling
-            verdicts.append(f"{rate:.1f} {unit} = {rate / ceiling:.0%} of {ceiling_name}"
-                            + ("" if fixed else f" ({ceiling:.1f} {unit} beside it, {rate / best:.0%} of its best "
-                                                f"repeat {best:.1f})") + f" {'ok' if ok else 'MISS'}")
+            verdicts.append(
+                f"{rate:.1f} {unit} = {rate / ceiling:.0%} of {ceiling_name}"
+                + (
+                    ""
+                    if fixed
+                    else f" ({ceiling:.1f} {unit} beside it, {rate / best:.0%} of its best repeat {best:.1f})"
+                )
+                + f" {'ok' if ok else 'MISS'}"
+            )
             if not ok:
                 misses.append(f"{c['kind']}: {name} ({rate / ceiling:.0%})")
         if c["min_x_eager"]:
@@ -478,14 +586,18 @@ def main() -> int:
     for p, run in enumerate(runs):
         rounds, chunks, caller, on_team, stalls, alone = run["_pool"]
         if rounds:
-            print(f"process {p + 1}: {rounds} parallel regions, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} "
-                  f"stalled, {alone} on the calling thread alone after a stall; calling thread ran "
-                  f"{caller / max(chunks, 1):.0%} of the chunks")
+            print(
+                f"process {p + 1}: {rounds} parallel regions, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} "
+                f"stalled, {alone} on the calling thread alone after a stall; calling thread ran "
+                f"{caller / max(chunks, 1):.0%} of the chunks"
+            )
     machine_misses = report_machine(runs)
     print(f"\n{len(misses)} target(s) missed" + ("".join(f"\n  {s}" for s in misses) if misses else ""))
     if machine_misses:
-        print(f"the machine's own probes missed {len(machine_misses)} of the same targets (a floor no kernel of "
-              "ours can pass):" + "".join(f"\n  {s}" for s in machine_misses))
+        print(
+            f"the machine's own probes missed {len(machine_misses)} of the same targets (a floor no kernel of "
+            "ours can pass):" + "".join(f"\n  {s}" for s in machine_misses)
+        )
     return 0
 
 
@@ -504,8 +616,10 @@ def report_machine(runs: list[dict]) -> list[str]:
             tail_ok = p90 <= TAIL * med
             if not tail_ok:
                 misses.append(f"tail: {kind} probe (process {p + 1}: p90 {p90 / med:.2f}x median)")
-            print(f"{kind if p == 0 else '':<40} {p + 1:>4} {1 / med:18.1f} {1 / p90:7.1f} {1 / worst:7.1f}"
-                  + ("" if tail_ok else "  tail MISS"))
+            print(
+                f"{kind if p == 0 else '':<40} {p + 1:>4} {1 / med:18.1f} {1 / p90:7.1f} {1 / worst:7.1f}"
+                + ("" if tail_ok else "  tail MISS")
+            )
         spread = max(meds) / min(meds)
         if spread > STABLE:
             misses.append(f"stability: {kind} probe ({spread:.2f}x)")

@@ -93,9 +93,7 @@ def _child_env(pycache_prefix: str | None) -> dict[str, str]:
 
 
 def _probe(env: dict[str, str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env
-    )
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -127,14 +125,9 @@ def main() -> None:
         ms = statistics.median(times)
         goal = TARGETS.get(key)
         verdict = (
-            ""
-            if goal is None
-            else f"  (target <= {goal * 1e3:.0f} ms: {'met' if ms <= goal * 1e3 else 'MISSED'})"
+            "" if goal is None else f"  (target <= {goal * 1e3:.0f} ms: {'met' if ms <= goal * 1e3 else 'MISSED'})"
         )
-        print(
-            f"{key:<34}{ms:6.1f} ms{min(times):6.1f} ms{max(times):6.1f} ms"
-            f"  {collections}/{args.runs}{verdict}"
-        )
+        print(f"{key:<34}{ms:6.1f} ms{min(times):6.1f} ms{max(times):6.1f} ms  {collections}/{args.runs}{verdict}")
 
 
 if __name__ == "__main__":

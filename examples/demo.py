@@ -53,16 +53,15 @@ def agreement(ref: torch.Tensor, ref_logits: torch.Tensor, got: torch.Tensor) ->
     except AssertionError as error:
         return f"DISAGREE where HF eager is sure: {error}"
     top2 = ref_logits[same, 0].float().topk(2).values
-    return (f"the same {same} tokens, then apart at token {same + 1}, where HF eager's top two logits are "
-            f"{float(top2[0] - top2[1]):.3f} apart, within bf16 rounding ({tolerance:.3f}); "
-            f"HF eager was sure for the first {sure}")
+    return (
+        f"the same {same} tokens, then apart at token {same + 1}, where HF eager's top two logits are "
+        f"{float(top2[0] - top2[1]):.3f} apart, within bf16 rounding ({tolerance:.3f}); "
+        f"HF eager was sure for the first {sure}"
+    )
 
 
 def main() -> None:
-    print(
-        f"tileops {tileops.__version__} on torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
-    )
+    print(f"tileops {tileops.__version__} on torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     section("1. Discovery: installed backends register themselves")
     x = torch.randn(8, 4096, dtype=torch.bfloat16)
@@ -106,8 +105,10 @@ def main() -> None:
         speeds[name] = prefill, decode
         text = tokenizer.decode(each[-1][0], skip_special_tokens=True).strip()
         print(f"{name}: {text}")
-        print(f"  ({len(each[-1][0])} tokens; prefill {prefill:.0f} tokens/s, decode {decode:.1f} tokens/s, "
-              f"medians of {ROUNDS} runs)")
+        print(
+            f"  ({len(each[-1][0])} tokens; prefill {prefill:.0f} tokens/s, decode {decode:.1f} tokens/s, "
+            f"medians of {ROUNDS} runs)"
+        )
     (ref_prefill, ref_decode), (prefill, decode) = speeds["HF eager"], speeds["HF + tileops"]
     print(f"speed-up: prefill {prefill / ref_prefill:.2f}x, decode {decode / ref_decode:.2f}x")
     (ref, ref_logits, *_), (got, *_) = runs["HF eager"][-1], runs["HF + tileops"][-1]

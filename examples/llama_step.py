@@ -78,9 +78,7 @@ class TileopsDecoder:
         self.norm = RMSNormFwdOp(normalized_shape=(cfg.hidden,), eps=1e-5)
         self.linear = GemmFwdOp(trans_a=False, trans_b=True)
         self.rope = RopeNeoxPositionIdsFwdOp(max_position=cfg.max_seq, rotary_dim=cfg.head_dim)
-        self.attn = GroupedQueryAttentionDecodeWithKVCacheFwdOp(
-            1, cfg.heads, cfg.heads_kv, cfg.max_seq, cfg.head_dim
-        )
+        self.attn = GroupedQueryAttentionDecodeWithKVCacheFwdOp(1, cfg.heads, cfg.heads_kv, cfg.max_seq, cfg.head_dim)
         self.add = AddFwdOp()
         self.silu_and_mul = SiluAndMulFwdOp()
 
@@ -97,9 +95,7 @@ class TileopsDecoder:
             o = self.attn(q, cache.k[layer, :, :length], cache.v[layer, :, :length])
             x = self.add(x, self.linear(o.reshape(1, -1), w["wo"]))
             h = self.norm(x, w["mlp_norm"])
-            x = self.add(
-                x, self.linear(self.silu_and_mul(self.linear(h, w["wgate_up"])), w["wdown"])
-            )
+            x = self.add(x, self.linear(self.silu_and_mul(self.linear(h, w["wgate_up"])), w["wdown"]))
         return x
 
 

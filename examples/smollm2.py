@@ -14,8 +14,11 @@ import time
 
 import torch
 
-GGUF = pathlib.Path(os.environ.get("TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[1]
-                                   / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+GGUF = pathlib.Path(
+    os.environ.get(
+        "TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[1] / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+)
 
 
 def load() -> tuple[object, torch.nn.Module]:
@@ -27,15 +30,17 @@ def load() -> tuple[object, torch.nn.Module]:
     transformers.logging.set_verbosity_error()
     with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's progress bars (plain tqdm)
         tokenizer = transformers.AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name,
-                                                                  dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            GGUF.parent, gguf_file=GGUF.name, dtype=torch.bfloat16
+        )
     return tokenizer, model.eval()
 
 
 def chat_prompt(tokenizer: object, question: str) -> torch.Tensor:
     """The question as the model's chat template frames a user turn: token ids [1, S]."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                        return_tensors="pt")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt"
+    )
     return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
 
@@ -52,5 +57,5 @@ def answer(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.T
     start = time.perf_counter()
     rest = model.generate(first.sequences, **{cache: first[cache]}, max_new_tokens=new - 1, **kw)
     decode = time.perf_counter() - start
-    tokens = rest.sequences[0, ids.shape[1]:]
+    tokens = rest.sequences[0, ids.shape[1] :]
     return tokens, torch.stack([*first.logits, *rest.logits]), ids.shape[1] / prefill, max(len(tokens) - 1, 1) / decode

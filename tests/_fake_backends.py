@@ -154,9 +154,7 @@ def run_fresh(
     if site is not None:
         if isolate:
             script += _ONLY_THIS_SITE.format(root=str(site.root))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(site.root), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site.root), env.get("PYTHONPATH", "")) if p)
         cwd = site.root.parent
     try:
         proc = subprocess.run(
@@ -245,9 +243,7 @@ def rms_op(**kwargs: Any) -> Any:
     return RMSNormFwdOp(normalized_shape=(N,), **kwargs)
 
 
-def rms_reference(
-    x: torch.Tensor, w: torch.Tensor, *, normalized_shape: Any, eps: float
-) -> torch.Tensor:
+def rms_reference(x: torch.Tensor, w: torch.Tensor, *, normalized_shape: Any, eps: float) -> torch.Tensor:
     return torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)
 
 

@@ -67,15 +67,14 @@ def _clean_env() -> dict[str, str]:
 
 def test_the_guide_shows_every_file_of_its_backend_once():
     assert set(_files()) == {
-        "pyproject.toml", "src/tileops_mini/__init__.py", "src/tileops_mini/kernels.py",
+        "pyproject.toml",
+        "src/tileops_mini/__init__.py",
+        "src/tileops_mini/kernels.py",
     }
 
 
 def test_every_illustrative_python_block_compiles():
-    illustrations = [
-        body for info, body in _blocks()
-        if info == "python" and not body.startswith((">>>", "# file: "))
-    ]
+    illustrations = [body for info, body in _blocks() if info == "python" and not body.startswith((">>>", "# file: "))]
     assert illustrations, "the guide has illustrative snippets (graph capture, errors)"
     for body in illustrations:
         compile(body, str(GUIDE), "exec")
@@ -84,8 +83,10 @@ def test_every_illustrative_python_block_compiles():
 def test_the_guides_command_lines_are_ones_tileops_accepts():
     lines = [
         line.removeprefix("$ tileops ")
-        for info, body in _blocks() if info == "console"
-        for line in body.splitlines() if line.startswith("$ tileops ")
+        for info, body in _blocks()
+        if info == "console"
+        for line in body.splitlines()
+        if line.startswith("$ tileops ")
     ]
     assert lines
     for line in lines:
@@ -100,7 +101,8 @@ def test_every_command_line_the_docs_show_parses():
     lines = [
         line.strip().removeprefix("$ tileops ")
         for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-        for line in doc.read_text().splitlines() if line.strip().startswith("$ tileops ")
+        for line in doc.read_text().splitlines()
+        if line.strip().startswith("$ tileops ")
     ]
     assert len(lines) >= 6
     for line in lines:
@@ -108,8 +110,7 @@ def test_every_command_line_the_docs_show_parses():
 
 
 def test_the_guide_quotes_every_error_it_promises_to_explain():
-    assert set(_messages()) == set(SCENARIOS) | {
-        "load-failure-warning", "load-failure-line", "protocol-mismatch-line"}
+    assert set(_messages()) == set(SCENARIOS) | {"load-failure-warning", "load-failure-line", "protocol-mismatch-line"}
 
 
 # ---- running it ------------------------------------------------------------------------
@@ -199,7 +200,10 @@ def test_the_guides_sessions_run_against_the_backend_it_shows(guide_venv, tmp_pa
     doctest_file.write_text("\n\n".join(_sessions()))
     run = subprocess.run(
         [str(guide_venv), "-m", "doctest", "-o", "NORMALIZE_WHITESPACE", str(doctest_file)],
-        capture_output=True, text=True, timeout=300, env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert len(_sessions()) >= 5
@@ -209,7 +213,10 @@ def test_the_guides_sessions_run_against_the_backend_it_shows(guide_venv, tmp_pa
 def test_every_error_message_in_the_guide_is_what_tileops_prints(guide_venv):
     run = subprocess.run(
         [str(guide_venv), "-c", _scenario_script()],
-        capture_output=True, text=True, timeout=300, env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
     )
     assert run.returncode == 0, run.stderr[-4000:]
     printed = json.loads(run.stdout.strip().splitlines()[-1])
@@ -228,18 +235,14 @@ def test_the_guides_load_failure_texts_are_what_tileops_prints(guide_venv, tmp_p
     (site / "tileops_acme-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: tileops-acme\nVersion: 0.1\n"
     )
-    (site / "tileops_acme-0.1.dist-info" / "entry_points.txt").write_text(
-        "[tileops.backends]\nacme = tileops_acme\n"
-    )
+    (site / "tileops_acme-0.1.dist-info" / "entry_points.txt").write_text("[tileops.backends]\nacme = tileops_acme\n")
     (site / "tileops_acme.py").write_text("import acme_runtime\n")
     # and one written for protocol 2.0
     (site / "tileops_old-0.1.dist-info").mkdir(parents=True)
     (site / "tileops_old-0.1.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: tileops-old\nVersion: 0.1\n"
     )
-    (site / "tileops_old-0.1.dist-info" / "entry_points.txt").write_text(
-        "[tileops.backends]\nold = tileops_old\n"
-    )
+    (site / "tileops_old-0.1.dist-info" / "entry_points.txt").write_text("[tileops.backends]\nold = tileops_old\n")
     (site / "tileops_old.py").write_text("TILEOPS_PROTOCOL_VERSION = (2, 0)\n")
     script = (
         "import json, warnings\n"
@@ -251,9 +254,7 @@ def test_the_guides_load_failure_texts_are_what_tileops_prints(guide_venv, tmp_p
         "print(json.dumps([targets, shown, load_failures()]))\n"
     )
     env = {**_clean_env(), "PYTHONPATH": str(site)}
-    run = subprocess.run(
-        [str(guide_venv), "-c", script], capture_output=True, text=True, timeout=300, env=env
-    )
+    run = subprocess.run([str(guide_venv), "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
     targets, warned, failures = json.loads(run.stdout.strip().splitlines()[-1])
     quoted = _messages()

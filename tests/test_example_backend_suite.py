@@ -25,17 +25,26 @@ EXAMPLE = REPO / "backends" / "example"
 def test_the_example_backends_suite_passes_where_it_is_the_only_backend(tmp_path):
     python = make_overlay(tmp_path / "venv-example", EXAMPLE)
     listed = subprocess.run(
-        [str(python), "-c",
-         "import importlib.metadata as m; "
-         "print(sorted(ep.value for ep in m.entry_points(group='tileops.backends')))"],
-        capture_output=True, text=True, timeout=60,
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m; "
+            "print(sorted(ep.value for ep in m.entry_points(group='tileops.backends')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert listed.stdout.strip() == "['tileops_cpu']", listed.stderr
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     run = subprocess.run(
         [str(python), "-m", "pytest", "-q"],
-        cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=600,
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     tail = run.stdout[-4000:] + run.stderr[-2000:]
     assert run.returncode == 0, tail

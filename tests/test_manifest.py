@@ -51,9 +51,7 @@ def make_inputs(e: OpEntry, shapes: dict, dtype: torch.dtype, params: dict) -> l
         elif name == "position_ids":
             out.append(torch.randint(0, params["max_position"], shape, generator=gen).to(dt))
         else:
-            out.append(
-                torch.randint(0, 2 if dt == torch.bool else 100, shape, generator=gen).to(dt)
-            )
+            out.append(torch.randint(0, 2 if dt == torch.bool else 100, shape, generator=gen).to(dt))
     if e.value_rules:
         chosen = index_inputs(e, shapes, params, gen)
         out = [chosen.get(name, t) for name, t in zip(e.input_names(), out)]
@@ -81,9 +79,7 @@ def test_each_entry_comes_from_the_shipped_folder_and_names_a_family_and_a_modul
 def test_defaults_keep_the_type_they_are_written_in() -> None:
     # alpha's 1 stays an int; 1.0e-6 is a float, not the string YAML makes of a bare 1e-6;
     # null stays None until the call resolves it.
-    defaults = {
-        (op, p.name): p.default for op in OPS for p in manifest.entry(op).params if not p.required
-    }
+    defaults = {(op, p.name): p.default for op in OPS for p in manifest.entry(op).params if not p.required}
     assert type(defaults[("AddFwdOp", "alpha")]) is int
     assert defaults[("FusedAddRMSNormFwdOp", "eps")] == 1e-6
     assert defaults[("RMSNormFwdOp", "eps")] is None
@@ -119,9 +115,7 @@ def test_importing_the_manifest_module_reads_no_file() -> None:
         "assert m._entries is not None\n"
         "assert len(m._by_file) == len(list(m.manifest_dir().glob('*.yaml')))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -202,9 +196,7 @@ def test_a_parse_that_disagrees_with_the_scan_is_a_manifest_error(tmp_path: Path
     with pytest.raises(ManifestError, match="text scan"):
         _index.check_against(scanned, {"FirstOp": ("tileops.ops.norm.first",)})
     with pytest.raises(ManifestError, match="text scan"):
-        _index.check_against(
-            scanned, {"FirstOp": ("tileops.ops.other",), "SecondOp": ("tileops.ops.b",)}
-        )
+        _index.check_against(scanned, {"FirstOp": ("tileops.ops.other",), "SecondOp": ("tileops.ops.b",)})
 
 
 def test_the_index_refuses_an_op_declared_in_two_files(tmp_path: Path) -> None:
@@ -336,18 +328,34 @@ MALFORMED = [
     (("signature", "value_rules"), ["offsets(x)"], "signature.value_rules[0]", "takes 2 to 2 arguments"),
     (("signature", "value_rules"), ["at_least(x, eps * 2)"], "signature.value_rules[0]", "int32 or int64"),
     # upstream TileOPs' constructor: every argument is said to be something
-    (("upstream",), {"init": "rows, colour=1", "dims": {"rows": "x.shape[0]"}}, "upstream.init",
-     "'colour' is no manifest param, dim, limit, dtype, knob"),
+    (
+        ("upstream",),
+        {"init": "rows, colour=1", "dims": {"rows": "x.shape[0]"}},
+        "upstream.init",
+        "'colour' is no manifest param, dim, limit, dtype, knob",
+    ),
     (("upstream",), {"init": "rows", "dims": {"rows": "y.shape[0]"}}, "upstream.dims.rows", "unknown name 'y'"),
-    (("upstream",), {"init": "eps=1.0e-6", "dims": {"rows": "x.shape[0]"}}, "upstream",
-     "'rows' is declared but is not in upstream's init"),
-    (("upstream",), {"init": "eps=1.0e-6, backend='auto'", "knobs": {"backend": ["dense"]}},
-     "upstream.knobs.backend", "upstream's default 'auto' must be served"),
+    (
+        ("upstream",),
+        {"init": "eps=1.0e-6", "dims": {"rows": "x.shape[0]"}},
+        "upstream",
+        "'rows' is declared but is not in upstream's init",
+    ),
+    (
+        ("upstream",),
+        {"init": "eps=1.0e-6, backend='auto'", "knobs": {"backend": ["dense"]}},
+        "upstream.knobs.backend",
+        "upstream's default 'auto' must be served",
+    ),
     (("upstream",), {"init": "eps, *rest"}, "upstream.init", "not supported"),
     (("upstream",), {"dtypes": {"dtype": "y"}}, "upstream.dtypes.dtype", "'y' is not an input"),
     (("upstream",), {"knobs": {"config": "any"}}, "upstream", "describe upstream's init"),
-    (("upstream",), {"init": "rows, eps=1.0e-6", "dims": {"rows": "x.shape[0]"}, "params": {"eps": "rows"}},
-     "upstream.params.eps", "must be a manifest param that upstream's init lacks"),
+    (
+        ("upstream",),
+        {"init": "rows, eps=1.0e-6", "dims": {"rows": "x.shape[0]"}, "params": {"eps": "rows"}},
+        "upstream.params.eps",
+        "must be a manifest param that upstream's init lacks",
+    ),
 ]
 
 
@@ -385,7 +393,9 @@ def test_an_output_of_a_fixed_dtype_keeps_it_whatever_the_inputs_dtype(tmp_path:
     }
     entry = _load_from([_write(tmp_path, data)])["ToyOp"]
     assert [(o.dtype_from, o.dtype) for o in entry.outputs] == [
-        ("x", None), (None, torch.int32), (None, F32),
+        ("x", None),
+        (None, torch.int32),
+        (None, F32),
     ]
     for dtype in (F16, BF16):
         meta = entry.output_meta(specs(entry, {"x": (4, 8), "weight": (8,)}, dtype), {"eps": 1e-6})
@@ -425,9 +435,7 @@ def test_init_params_fills_defaults_in_declared_order_and_makes_lists_tuples() -
     assert manifest.entry("BmmFwdOp").init_params({}) == {}
 
 
-def test_init_params_rejects_a_value_of_the_wrong_type_with_the_declared_type_in_the_message() -> (
-    None
-):
+def test_init_params_rejects_a_value_of_the_wrong_type_with_the_declared_type_in_the_message() -> None:
     with pytest.raises(TypeError) as info:
         manifest.entry("RMSNormFwdOp").init_params({"normalized_shape": [8], "eps": "abc"})
     assert str(info.value) == "RMSNormFwdOp: param 'eps' expects float | None, got 'abc' (str)"
@@ -504,9 +512,7 @@ def test_check_inputs_accepts_valid_specs_tensors_and_absent_optional_inputs() -
 def test_rmsnorm_rejects_a_weight_whose_shape_differs_from_normalized_shape() -> None:
     e = manifest.entry("RMSNormFwdOp")
     with pytest.raises(ValueError) as info:
-        e.check_inputs(
-            specs(e, {"x": (4, 64), "weight": (32,)}), e.init_params({"normalized_shape": [64]})
-        )
+        e.check_inputs(specs(e, {"x": (4, 64), "weight": (32,)}), e.init_params({"normalized_shape": [64]}))
     assert str(info.value) == (
         "RMSNormFwdOp: shape rule `weight.shape == tuple(normalized_shape)` does not hold: "
         "weight.shape=(32,), normalized_shape=(64,)"
@@ -516,21 +522,15 @@ def test_rmsnorm_rejects_a_weight_whose_shape_differs_from_normalized_shape() ->
 def test_a_required_input_given_as_none_is_a_type_error() -> None:
     e = manifest.entry("RMSNormFwdOp")
     with pytest.raises(TypeError) as info:
-        e.check_inputs(
-            [TensorSpec(META, F16, (2, 8)), None], e.init_params({"normalized_shape": [8]})
-        )
+        e.check_inputs([TensorSpec(META, F16, (2, 8)), None], e.init_params({"normalized_shape": [8]}))
     assert str(info.value) == "RMSNormFwdOp: input 'weight' is required, got None"
 
 
 def test_a_dtype_outside_the_rule_is_rejected_naming_the_rule_and_the_dtype() -> None:
     e = manifest.entry("RMSNormFwdOp")
     with pytest.raises(ValueError) as info:
-        e.check_inputs(
-            specs(e, {"x": (2, 8), "weight": (8,)}, F32), e.init_params({"normalized_shape": [8]})
-        )
-    assert str(info.value) == (
-        "RMSNormFwdOp: input 'x' expects dtype float16 | bfloat16, got torch.float32"
-    )
+        e.check_inputs(specs(e, {"x": (2, 8), "weight": (8,)}, F32), e.init_params({"normalized_shape": [8]}))
+    assert str(info.value) == ("RMSNormFwdOp: input 'x' expects dtype float16 | bfloat16, got torch.float32")
 
 
 def test_a_same_as_violation_names_both_inputs_and_both_dtypes() -> None:
@@ -705,9 +705,7 @@ def test_call_params_resolves_eps_none_to_the_documented_default() -> None:
     rms = manifest.entry("RMSNormFwdOp")
     s = specs(rms, {"x": (2, 8), "weight": (8,)})
     assert rms.call_params(s, rms.init_params({"normalized_shape": [8]}))["eps"] == 1e-6
-    assert (
-        rms.call_params(s, rms.init_params({"normalized_shape": [8], "eps": 1e-3}))["eps"] == 1e-3
-    )
+    assert rms.call_params(s, rms.init_params({"normalized_shape": [8], "eps": 1e-3}))["eps"] == 1e-3
     ln = manifest.entry("LayerNormFwdOp")
     s = specs(ln, {"x": (2, 8), "weight": (8,), "bias": (8,)})
     assert ln.call_params(s, ln.init_params({"normalized_shape": [8]}))["eps"] == 1e-5
@@ -978,9 +976,7 @@ def test_cpu_scaling_keeps_divisibility_and_the_links_between_dims() -> None:
     rms = {n: (s, p) for n, s, p, _ in manifest.entry("RMSNormFwdOp").workload_cases("cpu")}
     shapes, params = rms["llama-405b-prefill"]
     assert shapes["x"][-1] == shapes["weight"][0] == params["normalized_shape"][0] == 16384
-    gqa = {
-        n: s for n, s, _, _ in manifest.entry("GroupedQueryAttentionFwdOp").workload_cases("cpu")
-    }
+    gqa = {n: s for n, s, _, _ in manifest.entry("GroupedQueryAttentionFwdOp").workload_cases("cpu")}
     q, k = gqa["llama-70b-long"]["q"], gqa["llama-70b-long"]["k"]
     assert (q[2], k[2], q[3]) == (64, 8, 128) and q[1] == k[1] < 2048
 
@@ -1009,9 +1005,7 @@ def test_broadcast_shapes_agrees_with_torch(a: tuple, b: tuple) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(_shape, st.data(), st.booleans())
-def test_reduced_shape_agrees_with_torch_sum(
-    shape: tuple, data: st.DataObject, keepdim: bool
-) -> None:
+def test_reduced_shape_agrees_with_torch_sum(shape: tuple, data: st.DataObject, keepdim: bool) -> None:
     ndim = max(len(shape), 1)
     dim = data.draw(
         st.none()
@@ -1073,9 +1067,7 @@ def test_fused_add_rmsnorm_reference_normalises_the_sum_and_returns_it() -> None
     out, res = reference("FusedAddRMSNormFwdOp")(x, r, w, eps=1e-6)
     assert torch.equal(res, x + r)
     rtol, atol = tolerance(F32)
-    torch.testing.assert_close(
-        out, torch.nn.functional.rms_norm(x + r, (32,), w, 1e-6), rtol=rtol, atol=atol
-    )
+    torch.testing.assert_close(out, torch.nn.functional.rms_norm(x + r, (32,), w, 1e-6), rtol=rtol, atol=atol)
 
 
 def test_gemm_reference_applies_the_transpose_flags() -> None:
@@ -1086,9 +1078,7 @@ def test_gemm_reference_applies_the_transpose_flags() -> None:
 
 def test_silu_and_mul_reference_gates_with_the_first_half() -> None:
     x = torch.randn(3, 8)
-    torch.testing.assert_close(
-        reference("SiluAndMulFwdOp")(x), torch.nn.functional.silu(x[:, :4]) * x[:, 4:]
-    )
+    torch.testing.assert_close(reference("SiluAndMulFwdOp")(x), torch.nn.functional.silu(x[:, :4]) * x[:, 4:])
 
 
 def test_inplace_activation_references_write_their_input() -> None:

@@ -20,7 +20,11 @@ def _run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
         [sys.executable, "-m", "tileops", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -32,10 +36,16 @@ def test_it_writes_the_example_backends_layout_under_the_names_derived_from_name
     folder = cli.new_backend("acme", device_type="meta", dest=tmp_path)
     assert folder == tmp_path / "tileops-backend-acme"
     assert _written(folder) == {
-        "pyproject.toml", "README.md", ".gitignore",
-        "src/tileops_acme/__init__.py", "src/tileops_acme/kernels.py",
-        "tests/conftest.py", "tests/test_discovery.py", "tests/test_errors.py",
-        "tests/test_takeover.py", "tests/test_memoization.py",
+        "pyproject.toml",
+        "README.md",
+        ".gitignore",
+        "src/tileops_acme/__init__.py",
+        "src/tileops_acme/kernels.py",
+        "tests/conftest.py",
+        "tests/test_discovery.py",
+        "tests/test_errors.py",
+        "tests/test_takeover.py",
+        "tests/test_memoization.py",
     }
     pyproject = (folder / "pyproject.toml").read_text()
     assert 'name = "tileops-backend-acme"' in pyproject
@@ -70,10 +80,11 @@ def test_each_stub_has_its_ops_manifest_signature(op):
 def test_a_stubs_error_names_the_op_the_target_and_what_it_received():
     namespace: dict = {}
     init_head = (cli.TEMPLATES / "package/__init__.py.tmpl").read_text()
-    helper = init_head[init_head.index("def _no_kernel_yet"):init_head.index("$builders")]
+    helper = init_head[init_head.index("def _no_kernel_yet") : init_head.index("$builders")]
     exec(
         "from tileops.backend import TensorSpec\nTARGET = 'acme'\n__name__ = 'tileops_acme'\n"
-        + helper + cli.builder_stub("RMSNormFwdOp"),
+        + helper
+        + cli.builder_stub("RMSNormFwdOp"),
         namespace,
     )
     import torch
@@ -106,9 +117,7 @@ def test_an_op_no_manifest_declares_is_refused_with_a_suggestion(tmp_path):
     with pytest.raises(cli.UsageError) as caught:
         cli.new_backend("acme", ops=["RMSNormFwdOp", "RmsNormFwdOp"], dest=tmp_path)
     message = str(caught.value)
-    assert (
-        "'RmsNormFwdOp' is not an op any manifest declares (did you mean 'RMSNormFwdOp'?)"
-    ) in message
+    assert ("'RmsNormFwdOp' is not an op any manifest declares (did you mean 'RMSNormFwdOp'?)") in message
     assert "GemmFwdOp" in message  # the list of real ops
     assert list(tmp_path.iterdir()) == []
 
@@ -137,8 +146,16 @@ def test_the_command_line_reports_errors_with_exit_status_2(tmp_path):
 
 @pytest.mark.subprocess
 def test_python_dash_m_tileops_writes_the_package_and_says_what_to_do_next(tmp_path):
-    run = _run_cli("new-backend", "acme", "--device-type", "meta", "--ops",
-                   "GemmFwdOp, RMSNormFwdOp,GemmFwdOp", "--dest", str(tmp_path))
+    run = _run_cli(
+        "new-backend",
+        "acme",
+        "--device-type",
+        "meta",
+        "--ops",
+        "GemmFwdOp, RMSNormFwdOp,GemmFwdOp",
+        "--dest",
+        str(tmp_path),
+    )
     assert run.returncode == 0, run.stderr
     assert f"wrote {tmp_path / 'tileops-backend-acme'}" in run.stdout
     assert "pip install -e ." in run.stdout and "python -m pytest -q" in run.stdout
@@ -153,7 +170,11 @@ def test_the_generated_backend_installs_and_its_tests_pass_as_generated(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     run = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-rs"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     tail = run.stdout[-4000:] + run.stderr[-2000:]
     assert run.returncode == 0, tail

@@ -250,9 +250,7 @@ def test_a_manifest_the_scan_cannot_read_is_parsed_at_import(tmp_path):
     # The same ops, one file rewritten with a quoted op name: the scan leaves that file to
     # the parse (at import), the others stay unparsed, and every op still works.
     folder = tmp_path / "manifests"
-    shutil.copytree(
-        manifest.manifest_dir(), folder, ignore=shutil.ignore_patterns("*.py*", "__pycache__")
-    )
+    shutil.copytree(manifest.manifest_dir(), folder, ignore=shutil.ignore_patterns("*.py*", "__pycache__"))
     gemm = folder / "gemm.yaml"
     gemm.write_text(gemm.read_text().replace("\nGemmFwdOp:", '\n"GemmFwdOp":'))
     out = run(

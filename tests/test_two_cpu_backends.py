@@ -48,9 +48,7 @@ def both_backends(tmp_path_factory) -> Path:
 
 
 def _run(python: Path, code: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(python), "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd
-    )
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 @pytest.mark.subprocess
@@ -59,9 +57,7 @@ def test_two_backends_claiming_the_cpu_need_an_explicit_choice(both_backends, tm
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["targets"] == ["native_cpu", "torch_cpu"]
-    assert report["ambiguous"].startswith(
-        "targets ['native_cpu', 'torch_cpu'] all claim device 'cpu'; pass target="
-    )
+    assert report["ambiguous"].startswith("targets ['native_cpu', 'torch_cpu'] all claim device 'cpu'; pass target=")
     assert report["named"] == "native_cpu"
     assert report["default"] == "torch_cpu"
 
@@ -72,18 +68,12 @@ def _readme_blocks(language: str) -> list[str]:
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("index", range(len(_readme_blocks("python"))))
-def test_the_readmes_python_runs_as_written_where_make_demo_installs_both_backends(
-    both_backends, tmp_path, index
-):
+def test_the_readmes_python_runs_as_written_where_make_demo_installs_both_backends(both_backends, tmp_path, index):
     code = _readme_blocks("python")[index]
     done = _run(both_backends, code, tmp_path)
     assert done.returncode == 0, f"README python block {index}:\n{code}\n{done.stderr[-3000:]}"
     # A print() line's trailing comment is what it prints.
-    said = [
-        line.split("#", 1)[1].strip()
-        for line in code.splitlines()
-        if line.startswith("print(") and "#" in line
-    ]
+    said = [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "#" in line]
     printed = done.stdout.strip().splitlines()
     assert len(printed) == len(said)
     for got, claim in zip(printed, said):

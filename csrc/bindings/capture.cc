@@ -138,7 +138,8 @@ void copy_into(const nb::object& captured, const nb::object& fresh) {
   if (captured.is(fresh) || captured.is_none()) return;
   if (PyTuple_Check(captured.ptr()) && PyTuple_Check(fresh.ptr())) {
     const Py_ssize_t n = PyTuple_GET_SIZE(captured.ptr());
-    if (PyTuple_GET_SIZE(fresh.ptr()) != n) throw nb::value_error("a replayed launch returned another number of outputs");
+    if (PyTuple_GET_SIZE(fresh.ptr()) != n)
+      throw nb::value_error("a replayed launch returned another number of outputs");
     for (Py_ssize_t i = 0; i < n; ++i) {
       copy_into(nb::borrow(PyTuple_GET_ITEM(captured.ptr(), i)), nb::borrow(PyTuple_GET_ITEM(fresh.ptr(), i)));
     }
@@ -198,15 +199,14 @@ std::vector<std::string> Graph::descriptions() const {
 
 int abi_in_launch() { return t_launch != nullptr; }
 
-void* abi_output(int ndim, const int64_t* shape, int64_t dtype_word, void** data, tileops_make_output make,
-                 void* ctx) {
+void* abi_output(int ndim, const int64_t* shape, int64_t dtype_word, void** data, tileops_make_output make, void* ctx) {
   Launch* launch = t_launch;
   if (launch == nullptr) return make(ctx, ndim, shape, data);
   if (!t_replaying) {
     void* made = make(ctx, ndim, shape, data);
     if (made == nullptr) return nullptr;
-    launch->outputs.push_back(Output{nb::borrow(static_cast<PyObject*>(made)), *data, dtype_word,
-                                     std::vector<int64_t>(shape, shape + ndim)});
+    launch->outputs.push_back(
+        Output{nb::borrow(static_cast<PyObject*>(made)), *data, dtype_word, std::vector<int64_t>(shape, shape + ndim)});
     return made;
   }
   const size_t i = t_next_output++;
@@ -228,11 +228,13 @@ tileops_capture_abi g_abi = {TILEOPS_CAPTURE_ABI_VERSION, abi_in_launch, abi_out
 
 bool capturing() { return t_capturing != nullptr; }
 
-nb::object capture_launch(nb::handle owner, Launcher& launcher, PyObject* kernel, PyObject* const* items,
-                          size_t count, bool contiguous, const std::function<nb::object()>& run) {
+nb::object capture_launch(nb::handle owner, Launcher& launcher, PyObject* kernel, PyObject* const* items, size_t count,
+                          bool contiguous, const std::function<nb::object()>& run) {
   if (!contiguous) {
-    t_capturing->fail(launcher.op_name() + ": an input is strided (the launch copies it first, which a replay "
-                      "would not redo); make it contiguous before the capture", false);
+    t_capturing->fail(launcher.op_name() +
+                          ": an input is strided (the launch copies it first, which a replay "
+                          "would not redo); make it contiguous before the capture",
+                      false);
     return run();
   }
   return t_capturing->record(owner, launcher, kernel, items, count, run);
@@ -247,14 +249,16 @@ void replay_graph(nb::handle graph) { nb::cast<Graph&>(graph).replay(); }
 void bind_capture(nb::module_& m) {
   m.attr("_capture_abi") = nb::capsule(&g_abi, TILEOPS_CAPTURE_ABI_CAPSULE);
   m.def("capturing", &capturing, "Whether this thread is capturing op launches.");
-  m.def("in_launch", [] { return t_launch != nullptr; },
-        "Whether this thread runs a launch that a capture records or a replay re-runs (its kernel's own work).");
+  m.def(
+      "in_launch", [] { return t_launch != nullptr; },
+      "Whether this thread runs a launch that a capture records or a replay re-runs (its kernel's own work).");
   nb::class_<Graph>(m, "Graph", "Op launches captured on one thread and replayed from C++ (tileops.capture.Graph)")
       .def(nb::init<>())
       .def("begin", &Graph::begin, "starts capturing this thread's op launches")
       .def("end", &Graph::end,
            "stops capturing; returns (why the capture failed, '' when it did not; whether a kernel was built in it)")
-      .def("replay", [](Graph& g) { g.replay(); }, "runs every captured launch again, in order")
+      .def(
+          "replay", [](Graph& g) { g.replay(); }, "runs every captured launch again, in order")
       .def(
           "replay_timed",
           [](Graph& g) {

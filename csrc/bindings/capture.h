@@ -31,8 +31,8 @@ bool capturing();
 // While capturing: runs a launch through `run` and records it. `owner` is the dispatcher's
 // Python object (kept alive by the record), `items` the call's `count` inputs. A launch
 // whose inputs are not all contiguous runs but fails the capture.
-nb::object capture_launch(nb::handle owner, Launcher& launcher, PyObject* kernel, PyObject* const* items,
-                          size_t count, bool contiguous, const std::function<nb::object()>& run);
+nb::object capture_launch(nb::handle owner, Launcher& launcher, PyObject* kernel, PyObject* const* items, size_t count,
+                          bool contiguous, const std::function<nb::object()>& run);
 
 // While capturing: notes a call the capture cannot hold; the capture fails at its end.
 // `built`: a kernel was built (the stretch had not run before at these signatures).

@@ -148,8 +148,8 @@ constexpr size_t kMaxSlots = 16;
 
 class Dispatcher final : public Launcher {
  public:
-  Dispatcher(std::string op, size_t slots, std::vector<bool> mutated, nb::object on_miss,
-             nb::object on_trace, nb::object on_first_result)
+  Dispatcher(std::string op, size_t slots, std::vector<bool> mutated, nb::object on_miss, nb::object on_trace,
+             nb::object on_first_result)
       : op_(std::move(op)),
         slots_(slots),
         mutated_(std::move(mutated)),
@@ -193,9 +193,11 @@ class Dispatcher final : public Launcher {
       return launch(kernel.ptr(), items, contiguous.data());
     }
     if (capturing()) {  // it still runs; the capture fails at its end
-      capture_failed(op_ + ": its kernel for this input signature was built during the capture (a replay would "
-                     "not build it); run the captured stretch once before capturing it, as before a CUDA graph capture",
-                     /*built=*/true);
+      capture_failed(
+          op_ +
+              ": its kernel for this input signature was built during the capture (a replay would "
+              "not build it); run the captured stretch once before capturing it, as before a CUDA graph capture",
+          /*built=*/true);
     }
     nb::object kernel = miss(items, count);  // validates (values too) before it builds
     nb::object result = launch(kernel.ptr(), items, contiguous.data());
@@ -215,8 +217,7 @@ class Dispatcher final : public Launcher {
       throw nb::type_error("fetch: every slot must be a tensor or None");
     }
     OwnerGil gil;
-    Handle kernel = cache_.get_or_build(
-        key.view(), role, [&] { return to_handle(build()); }, gil);
+    Handle kernel = cache_.get_or_build(key.view(), role, [&] { return to_handle(build()); }, gil);
     return from_handle(kernel);
   }
 
@@ -258,9 +259,11 @@ class Dispatcher final : public Launcher {
     rules_.clear();
     reads_values_.fill(false);
     for (const auto& [kind, text, tensors, scalars] : rules) {
-      if (kind < 0 || kind > static_cast<int>(engine::ValueKind::kWritesApart)) throw nb::value_error("set_value_rules: unknown kind");
+      if (kind < 0 || kind > static_cast<int>(engine::ValueKind::kWritesApart))
+        throw nb::value_error("set_value_rules: unknown kind");
       for (int slot : tensors) {
-        if (slot < 0 || static_cast<size_t>(slot) >= slots_) throw nb::value_error("set_value_rules: slot out of range");
+        if (slot < 0 || static_cast<size_t>(slot) >= slots_)
+          throw nb::value_error("set_value_rules: slot out of range");
         reads_values_[static_cast<size_t>(slot)] = true;
       }
       rules_.push_back({static_cast<engine::ValueKind>(kind), text, tensors, scalars});
@@ -308,8 +311,8 @@ class Dispatcher final : public Launcher {
       s.shape = shapes[i];
       s.strides = strides[i];
     }
-    const std::string why = engine::check_value_rules(
-        rules_, std::span<const engine::SlotValues>(slots.data(), slots_), names_);
+    const std::string why =
+        engine::check_value_rules(rules_, std::span<const engine::SlotValues>(slots.data(), slots_), names_);
     if (!why.empty()) {
       PyErr_SetString(PyExc_ValueError, (op_ + ": " + why).c_str());
       throw nb::python_error();
@@ -372,8 +375,7 @@ class Dispatcher final : public Launcher {
   nb::object miss(PyObject* const* items, size_t count) { return forward_to(on_miss_, items, count); }
 
   nb::object launch(PyObject* kernel, PyObject* const* items, const bool* contiguous) {
-    const bool all_contiguous =
-        std::all_of(contiguous, contiguous + slots_, [](bool c) { return c; });
+    const bool all_contiguous = std::all_of(contiguous, contiguous + slots_, [](bool c) { return c; });
     if (all_contiguous) {
       PyObject* result = PyObject_Vectorcall(kernel, items, slots_, nullptr);
       if (result == nullptr) {
@@ -443,18 +445,15 @@ class Dispatcher final : public Launcher {
   std::array<bool, kMaxSlots> reads_values_{};
 };
 
-
 // The object an op's forward calls: a tiny CPython type whose vectorcall goes straight
 // to Dispatcher::dispatch, with no argument tuple and no binding-layer conversion.
 struct CallEntry {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   PyObject* owner;  // the Python Dispatcher object: keeps `impl` alive
   Dispatcher* impl;
 };
 
-PyObject* call_entry_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
-                                PyObject* kwnames) {
+PyObject* call_entry_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* entry = reinterpret_cast<CallEntry*>(self);
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) {
     PyErr_SetString(PyExc_TypeError, "an op's dispatcher takes its inputs positionally");
@@ -483,11 +482,10 @@ PyMemberDef call_entry_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(CallEntry, vectorcall), READONLY, nullptr},
     {nullptr, 0, 0, 0, nullptr}};
 
-PyType_Slot call_entry_slots[] = {
-    {Py_tp_dealloc, reinterpret_cast<void*>(call_entry_dealloc)},
-    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
-    {Py_tp_members, call_entry_members},
-    {0, nullptr}};
+PyType_Slot call_entry_slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(call_entry_dealloc)},
+                                  {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+                                  {Py_tp_members, call_entry_members},
+                                  {0, nullptr}};
 
 PyType_Spec call_entry_spec = {"tileops._C.DispatchEntry", sizeof(CallEntry), 0,
                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, call_entry_slots};
@@ -509,8 +507,8 @@ nb::object make_call_entry(nb::handle dispatcher) {
 void bind_dispatcher(nb::module_& m) {
   m.def(
       "init_torch_facts",
-      [](nb::handle tensor_type, nb::handle parameter_type, nb::handle exchange_capsule,
-         nb::handle describe, nb::handle function_mode_enabled, nb::handle dispatch_stack_length) {
+      [](nb::handle tensor_type, nb::handle parameter_type, nb::handle exchange_capsule, nb::handle describe,
+         nb::handle function_mode_enabled, nb::handle dispatch_stack_length) {
         g_torch.tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.inc_ref().ptr());
         g_torch.parameter_type = reinterpret_cast<PyTypeObject*>(parameter_type.inc_ref().ptr());
         g_torch.exchange = nullptr;
@@ -543,13 +541,13 @@ void bind_dispatcher(nb::module_& m) {
   if (g_call_entry_type == nullptr) throw nb::python_error();
 
   nb::class_<Dispatcher>(m, "Dispatcher", "Per-op-instance call path and kernel memo.")
-      .def(nb::init<std::string, size_t, std::vector<bool>, nb::object, nb::object, nb::object>(),
-           nb::arg("op"), nb::arg("slots"), nb::arg("mutated"), nb::arg("on_miss"),
-           nb::arg("on_trace"), nb::arg("on_first_result"))
+      .def(nb::init<std::string, size_t, std::vector<bool>, nb::object, nb::object, nb::object>(), nb::arg("op"),
+           nb::arg("slots"), nb::arg("mutated"), nb::arg("on_miss"), nb::arg("on_trace"), nb::arg("on_first_result"))
       .def("__call__", &Dispatcher::call)
       .def("call_eager", &Dispatcher::call_eager)
-      .def("entry", [](nb::handle self) { return make_call_entry(self); },
-           "A vectorcall callable running this dispatcher's hot path.")
+      .def(
+          "entry", [](nb::handle self) { return make_call_entry(self); },
+          "A vectorcall callable running this dispatcher's hot path.")
       .def("fetch", &Dispatcher::fetch, nb::arg("role"), nb::arg("tensors"), nb::arg("build"))
       .def("forget", &Dispatcher::forget)
       .def("items", &Dispatcher::items)
@@ -557,12 +555,13 @@ void bind_dispatcher(nb::module_& m) {
       .def("clear", &Dispatcher::clear)
       .def("set_return_slot", &Dispatcher::set_return_slot)
       .def("set_value_rules", &Dispatcher::set_value_rules, nb::arg("rules"), nb::arg("names"))
-      .def("check_values",
-           [](Dispatcher& d, nb::args args) {
-             if (args.size() != d.slots()) throw nb::type_error("check_values: one argument per input slot");
-             d.check_values(&PyTuple_GET_ITEM(args.ptr(), 0));
-           },
-           "Checks the value rules on one call's inputs (raises ValueError); the miss path's check.")
+      .def(
+          "check_values",
+          [](Dispatcher& d, nb::args args) {
+            if (args.size() != d.slots()) throw nb::type_error("check_values: one argument per input slot");
+            d.check_values(&PyTuple_GET_ITEM(args.ptr(), 0));
+          },
+          "Checks the value rules on one call's inputs (raises ValueError); the miss path's check.")
       .def("set_target_label", &Dispatcher::set_target_label);
 }
 

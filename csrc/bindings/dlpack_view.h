@@ -9,8 +9,6 @@
 namespace tileops::dlpack {
 
 // One int that names a dtype in memo keys: (code, bits, lanes) packed.
-inline int64_t dtype_word(DataType t) {
-  return (int64_t{t.code} << 24) | (int64_t{t.bits} << 16) | int64_t{t.lanes};
-}
+inline int64_t dtype_word(DataType t) { return (int64_t{t.code} << 24) | (int64_t{t.bits} << 16) | int64_t{t.lanes}; }
 
 }  // namespace tileops::dlpack

@@ -53,12 +53,16 @@ HostView host_view(nb::handle tensor, const char* name) {
     refuse(std::string(name) + " must be a tensor, got " + text_of(nb::type_name(tensor.type())));
   }
   const auto device = text_of(tensor.attr("device").attr("type"));
-  if (device != "cpu") refuse(std::string(name) + " must be a CPU tensor (the loop reads it between replays), got one on " + device);
+  if (device != "cpu")
+    refuse(std::string(name) + " must be a CPU tensor (the loop reads it between replays), got one on " + device);
   if (!nb::cast<bool>(tensor.attr("is_contiguous")())) refuse(std::string(name) + " must be contiguous");
   HostView v;
   v.dtype_name = text_of(tensor.attr("dtype"));
-  static const std::pair<const char*, Dtype> kNames[] = {{"torch.float32", Dtype::kFloat32}, {"torch.bfloat16", Dtype::kBfloat16},
-      {"torch.float16", Dtype::kFloat16}, {"torch.int64", Dtype::kInt64}, {"torch.int32", Dtype::kInt32}};
+  static const std::pair<const char*, Dtype> kNames[] = {{"torch.float32", Dtype::kFloat32},
+                                                         {"torch.bfloat16", Dtype::kBfloat16},
+                                                         {"torch.float16", Dtype::kFloat16},
+                                                         {"torch.int64", Dtype::kInt64},
+                                                         {"torch.int32", Dtype::kInt32}};
   for (const auto& [text, dtype] : kNames) {
     if (v.dtype_name == text) v.dtype = dtype;
   }
@@ -69,7 +73,8 @@ HostView host_view(nb::handle tensor, const char* name) {
 }
 
 // Refuses `v` unless it is `dtype` with `shape` (-1: any length), naming it.
-void expect(const HostView& v, const char* name, Dtype dtype, const char* dtype_name, std::initializer_list<int64_t> shape) {
+void expect(const HostView& v, const char* name, Dtype dtype, const char* dtype_name,
+            std::initializer_list<int64_t> shape) {
   bool ok = v.dtype == dtype && v.shape.size() == shape.size();
   size_t i = 0;
   for (int64_t d : shape) {
@@ -120,10 +125,12 @@ int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::
   expect(tokens_v, "tokens", Dtype::kInt64, "int64", {batch, -1});
   expect(unfinished_v, "unfinished", Dtype::kInt64, "int64", {batch});
   if (vocab > table.shape[0]) {
-    refuse(std::to_string(vocab) + " logits per row but the embedding table has " + std::to_string(table.shape[0]) + " rows");
+    refuse(std::to_string(vocab) + " logits per row but the embedding table has " + std::to_string(table.shape[0]) +
+           " rows");
   }
   if (!eos.empty() && (pad < 0 || pad >= table.shape[0])) {
-    refuse("pad id " + std::to_string(pad) + " is not a row of the embedding table (" + std::to_string(table.shape[0]) + " rows)");
+    refuse("pad id " + std::to_string(pad) + " is not a row of the embedding table (" + std::to_string(table.shape[0]) +
+           " rows)");
   }
   steps = std::min(steps, tokens_v.shape[1]);
   float* kept = nullptr;
@@ -145,7 +152,8 @@ int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t b = 0; b < batch; ++b) {
       if (last[b] < 0 || last[b] >= table.shape[0]) {
-        refuse("token " + std::to_string(last[b]) + " of sequence " + std::to_string(b) + " is not a row of the embedding table");
+        refuse("token " + std::to_string(last[b]) + " of sequence " + std::to_string(b) +
+               " is not a row of the embedding table");
       }
       std::memcpy(input_rows + b * row_bytes, embedding + last[b] * row_bytes, static_cast<size_t>(row_bytes));
       pos[b] += 1;

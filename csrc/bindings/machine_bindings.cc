@@ -43,8 +43,7 @@ void bind_machine(nb::module_& m) {
       },
       nb::arg("threads"), nb::arg("repeats"), nb::arg("ms") = 50.0,
       "GFLOP/s of each repeat of bf16 dot-product throughput; raises Unavailable without AVX-512 BF16");
-  machine.def("bf16_dot_missing", &machine::bf16_dot_missing,
-              "why bf16_dot_peak cannot run here; empty when it can");
+  machine.def("bf16_dot_missing", &machine::bf16_dot_missing, "why bf16_dot_peak cannot run here; empty when it can");
 }
 
 }  // namespace tileops::bindings

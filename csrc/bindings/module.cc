@@ -93,9 +93,7 @@ NB_MODULE(_C, m) {
       [](int64_t entries) {
         if (entries < 1) {
           throw nb::value_error(
-              ("kernel cache capacity must be a positive number of kernels, got " +
-               std::to_string(entries))
-                  .c_str());
+              ("kernel cache capacity must be a positive number of kernels, got " + std::to_string(entries)).c_str());
         }
         engine::KernelCache::set_capacity(static_cast<size_t>(entries));
       },

@@ -14,9 +14,7 @@ namespace nb = nanobind;
 // Keeps `object` alive inside the engine; the last release takes the GIL to drop it.
 engine::Handle to_handle(nb::handle object);
 // A new reference to the Python object behind a handle made by to_handle.
-inline nb::object from_handle(const engine::Handle& handle) {
-  return nb::borrow(static_cast<PyObject*>(handle.get()));
-}
+inline nb::object from_handle(const engine::Handle& handle) { return nb::borrow(static_cast<PyObject*>(handle.get())); }
 
 // A Python KeyboardInterrupt / SystemExit crossing the engine: restored as it was.
 class PythonInterrupt : public engine::PassThrough {

@@ -19,12 +19,9 @@ using engine::TargetChoice;
 // Choices cross the boundary as (kind, name): kind is "detect", "builtin" or "named".
 std::pair<std::string, std::string> choice_to_py(const TargetChoice& choice) {
   switch (choice.kind) {
-    case TargetChoice::Kind::kBuiltin:
-      return {"builtin", ""};
-    case TargetChoice::Kind::kNamed:
-      return {"named", choice.name};
-    case TargetChoice::Kind::kDetect:
-      break;
+    case TargetChoice::Kind::kBuiltin: return {"builtin", ""};
+    case TargetChoice::Kind::kNamed: return {"named", choice.name};
+    case TargetChoice::Kind::kDetect: break;
   }
   return {"detect", ""};
 }
@@ -68,8 +65,7 @@ void bind_registry(nb::module_& m) {
              self.register_detector(target, {to_handle(detect), std::move(name)});
            })
       .def("register_builder",
-           [](Registry& self, const std::string& op, const std::string& target, nb::handle build,
-              std::string name) {
+           [](Registry& self, const std::string& op, const std::string& target, nb::handle build, std::string name) {
              self.register_builder(op, target, {to_handle(build), std::move(name)});
            })
       .def("targets", &Registry::targets)
@@ -101,12 +97,9 @@ void bind_registry(nb::module_& m) {
            [](const Registry& self) -> std::pair<std::string, std::string> {
              DefaultTarget target = self.default_target();
              switch (target.kind) {
-               case DefaultTarget::Kind::kBuiltin:
-                 return {"builtin", ""};
-               case DefaultTarget::Kind::kNamed:
-                 return {"named", target.name};
-               case DefaultTarget::Kind::kNone:
-                 break;
+               case DefaultTarget::Kind::kBuiltin: return {"builtin", ""};
+               case DefaultTarget::Kind::kNamed: return {"named", target.name};
+               case DefaultTarget::Kind::kNone: break;
              }
              return {"none", ""};
            })
@@ -121,19 +114,19 @@ void bind_registry(nb::module_& m) {
            [](const Registry& self, const std::string& kind, const std::string& name) {
              return choice_to_py(engine::check_requested(self, choice_from_py(kind, name)));
            })
-      .def("settle",
-           [](const Registry& self, const std::string& kind, const std::string& name,
-              nb::handle device, const std::string& device_text) {
-             return choice_to_py(engine::settle_target(self, choice_from_py(kind, name),
-                                                       device_text, ask_with(device)));
-           })
+      .def(
+          "settle",
+          [](const Registry& self, const std::string& kind, const std::string& name, nb::handle device,
+             const std::string& device_text) {
+            return choice_to_py(engine::settle_target(self, choice_from_py(kind, name), device_text, ask_with(device)));
+          })
       .def("claimants",
            [](const Registry& self, nb::handle device) {
              // Every target whose detector says yes; a raising or non-bool answer is a no.
              std::vector<std::string> out;
              for (const auto& [target, detector] : self.detectors()) {
-               nb::object answer = nb::steal(PyObject_CallOneArg(
-                   static_cast<PyObject*>(detector.object.get()), device.ptr()));
+               nb::object answer =
+                   nb::steal(PyObject_CallOneArg(static_cast<PyObject*>(detector.object.get()), device.ptr()));
                if (!answer.is_valid()) {
                  PyErr_Clear();
                  continue;
@@ -143,8 +136,7 @@ void bind_registry(nb::module_& m) {
              return out;
            })
       .def("target_claims",
-           [](const Registry& self, const std::string& target, nb::handle device,
-              const std::string& device_text) {
+           [](const Registry& self, const std::string& target, nb::handle device, const std::string& device_text) {
              return engine::target_claims(self, target, device_text, ask_with(device));
            });
 

@@ -33,21 +33,18 @@ namespace messages {
 
 std::string load_failure_note(size_t failures) {
   if (failures == 0) return "";
-  return " (" + std::to_string(failures) +
-         " backend(s) failed to load; see tileops.backend.load_failures())";
+  return " (" + std::to_string(failures) + " backend(s) failed to load; see tileops.backend.load_failures())";
 }
 
-std::string duplicate_detector(const std::string& target, const std::string& existing,
-                               const std::string& incoming) {
-  return "target " + py_repr(target) + " already has a detector (" + existing +
-         "); a second one (" + incoming +
+std::string duplicate_detector(const std::string& target, const std::string& existing, const std::string& incoming) {
+  return "target " + py_repr(target) + " already has a detector (" + existing + "); a second one (" + incoming +
          ") cannot be registered: one target is one set of kernels from one provider";
 }
 
-std::string duplicate_builder(const std::string& op, const std::string& target,
-                              const std::string& existing, const std::string& incoming) {
-  return "target " + py_repr(target) + " already registers a kernel builder for " + op + " (" +
-         existing + "); a second one (" + incoming +
+std::string duplicate_builder(const std::string& op, const std::string& target, const std::string& existing,
+                              const std::string& incoming) {
+  return "target " + py_repr(target) + " already registers a kernel builder for " + op + " (" + existing +
+         "); a second one (" + incoming +
          ") means two installed packages claim that target — a misinstall: uninstall one of them";
 }
 
@@ -60,11 +57,9 @@ std::string ambiguous_target(const std::string& device, const std::vector<std::s
          "; pass target= to the op (or call tileops.backend.set_default_target) to choose one";
 }
 
-std::string detector_raised(const std::string& target, const std::string& detector,
-                            const std::string& device) {
-  return "the detector of target " + py_repr(target) + " (" + detector +
-         ") raised when asked about device " + py_repr(device) +
-         "; a detector must return False for a device that is not its own";
+std::string detector_raised(const std::string& target, const std::string& detector, const std::string& device) {
+  return "the detector of target " + py_repr(target) + " (" + detector + ") raised when asked about device " +
+         py_repr(device) + "; a detector must return False for a device that is not its own";
 }
 
 std::string no_builder(const std::string& target, const std::string& op,
@@ -90,15 +85,14 @@ std::string no_in_tree_kernel(const std::string& op, const std::string& role,
 
 std::string not_callable(const std::string& target, const std::string& op, const std::string& role,
                          const std::string& returned) {
-  return "target " + py_repr(target) + " built " + returned + " for " + op + " (" +
-         py_repr(role) + "), which is not callable; build_kernel must return a kernel callable as "
+  return "target " + py_repr(target) + " built " + returned + " for " + op + " (" + py_repr(role) +
+         "), which is not callable; build_kernel must return a kernel callable as "
          "kernel(*tensors)";
 }
 
-std::string wrong_device(const std::string& op, const std::string& target,
-                         const std::string& device) {
-  return op + " is settled on target " + py_repr(target) + ", whose detector does not claim device " +
-         py_repr(device) + "; use a separate op instance for that device";
+std::string wrong_device(const std::string& op, const std::string& target, const std::string& device) {
+  return op + " is settled on target " + py_repr(target) + ", whose detector does not claim device " + py_repr(device) +
+         "; use a separate op instance for that device";
 }
 
 std::string recursive_build(const std::string& op) {
@@ -115,8 +109,7 @@ std::string kernel_raised(const std::string& target, const std::string& op) {
   return "raised by the kernel that target " + py_repr(target) + " built for " + op;
 }
 
-std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements,
-                                 bool served_elsewhere) {
+std::string in_tree_wrong_device(const std::string& kernel, const std::string& placements, bool served_elsewhere) {
   std::string text = kernel + " is a CUDA kernel; got " + placements + ".";
   if (served_elsewhere) text += " Another target's backend serves other devices.";
   return text;
@@ -129,22 +122,18 @@ std::string in_tree_not_built(const std::string& kernel) {
          "use a tileops build with CUDA kernels";
 }
 
-std::string wrong_result_count(const std::string& op, const std::string& who,
-                               const std::string& returned, size_t declared,
-                               const std::string& names) {
-  return op + ": " + who + " returned " + returned + "; the manifest declares " +
-         std::to_string(declared) + " output tensor(s): " + names;
+std::string wrong_result_count(const std::string& op, const std::string& who, const std::string& returned,
+                               size_t declared, const std::string& names) {
+  return op + ": " + who + " returned " + returned + "; the manifest declares " + std::to_string(declared) +
+         " output tensor(s): " + names;
 }
 
-std::string wrong_result_meta(const std::string& op, const std::string& who,
-                              const std::string& output, const std::string& got,
-                              const std::string& declared) {
-  return op + ": " + who + " returned output " + py_repr(output) + " as " + got +
-         "; the manifest declares " + declared;
+std::string wrong_result_meta(const std::string& op, const std::string& who, const std::string& output,
+                              const std::string& got, const std::string& declared) {
+  return op + ": " + who + " returned output " + py_repr(output) + " as " + got + "; the manifest declares " + declared;
 }
 
-std::string result_aliases_input(const std::string& op, const std::string& who,
-                                 const std::string& output) {
+std::string result_aliases_input(const std::string& op, const std::string& who, const std::string& output) {
   return op + ": " + who + " returned output " + py_repr(output) +
          " sharing memory with an input; outputs must be fresh tensors";
 }

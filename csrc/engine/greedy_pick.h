@@ -73,12 +73,9 @@ inline float float16_to_float(uint16_t bits) {
 // The first largest of the `n` logits at `row` (of type `type`).
 inline int64_t first_largest(const void* row, int64_t n, LogitType type) {
   switch (type) {
-    case LogitType::kFloat32:
-      return first_largest_bits(static_cast<const uint32_t*>(row), n, uint32_t{0x7F800000});
-    case LogitType::kBfloat16:
-      return first_largest_bits(static_cast<const uint16_t*>(row), n, uint16_t{0x7F80});
-    case LogitType::kFloat16:
-      return first_largest_bits(static_cast<const uint16_t*>(row), n, uint16_t{0x7C00});
+    case LogitType::kFloat32: return first_largest_bits(static_cast<const uint32_t*>(row), n, uint32_t{0x7F800000});
+    case LogitType::kBfloat16: return first_largest_bits(static_cast<const uint16_t*>(row), n, uint16_t{0x7F80});
+    case LogitType::kFloat16: return first_largest_bits(static_cast<const uint16_t*>(row), n, uint16_t{0x7C00});
   }
   return 0;
 }

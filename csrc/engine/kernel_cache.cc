@@ -14,9 +14,7 @@ std::atomic<uint64_t> g_generation{0};
 void count_fork_in_child() { g_generation.fetch_add(1, std::memory_order_relaxed); }
 
 // Registered once per process, before any build can be pending.
-const bool g_fork_handler_installed = [] {
-  return pthread_atfork(nullptr, nullptr, count_fork_in_child) == 0;
-}();
+const bool g_fork_handler_installed = [] { return pthread_atfork(nullptr, nullptr, count_fork_in_child) == 0; }();
 }  // namespace
 
 uint64_t KernelCache::fork_generation() {
@@ -38,8 +36,8 @@ void KernelCache::finish(BuildSync& sync) {
   sync.done_cv.notify_all();
 }
 
-Handle KernelCache::get_or_build(std::span<const int64_t> key, int64_t role,
-                                 const std::function<Handle()>& build, OwnerLock& owner) {
+Handle KernelCache::get_or_build(std::span<const int64_t> key, int64_t role, const std::function<Handle()>& build,
+                                 OwnerLock& owner) {
   const auto me = std::this_thread::get_id();
   for (;;) {
     auto it = slots_.find(key);

@@ -73,8 +73,8 @@ class KernelCache {
   // The miss path: returns the kernel for `key`, calling `build` only if no other call
   // built it or is building it. A failed build leaves nothing behind and rethrows.
   // `role` is stored with the kernel for introspection.
-  Handle get_or_build(std::span<const int64_t> key, int64_t role,
-                      const std::function<Handle()>& build, OwnerLock& owner);
+  Handle get_or_build(std::span<const int64_t> key, int64_t role, const std::function<Handle()>& build,
+                      OwnerLock& owner);
 
   // Drops the kernel for `key` (not a build in progress).
   void erase(std::span<const int64_t> key);

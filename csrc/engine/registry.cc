@@ -16,8 +16,7 @@ void Registry::register_detector(const std::string& target, NamedHandle detector
   tables_.detectors.emplace(target, std::move(detector));
 }
 
-void Registry::register_builder(const std::string& op, const std::string& target,
-                                NamedHandle builder) {
+void Registry::register_builder(const std::string& op, const std::string& target, NamedHandle builder) {
   std::lock_guard lock(mutex_);
   auto key = std::make_pair(op, target);
   if (auto it = tables_.builders.find(key); it != tables_.builders.end()) {
@@ -70,8 +69,7 @@ std::optional<NamedHandle> Registry::detector(const std::string& target) const {
   return it->second;
 }
 
-std::optional<NamedHandle> Registry::builder(const std::string& op,
-                                             const std::string& target) const {
+std::optional<NamedHandle> Registry::builder(const std::string& op, const std::string& target) const {
   std::lock_guard lock(mutex_);
   auto it = tables_.builders.find({op, target});
   if (it == tables_.builders.end()) return std::nullopt;
@@ -110,8 +108,7 @@ std::string Registry::failure_note() const {
 void Registry::begin_transaction() {
   std::lock_guard lock(mutex_);
   if (snapshot_) {
-    throw EngineError(EngineError::Kind::kBackend,
-                      "a backend import began while another was still registering");
+    throw EngineError(EngineError::Kind::kBackend, "a backend import began while another was still registering");
   }
   snapshot_ = tables_;
 }

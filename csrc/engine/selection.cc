@@ -16,9 +16,9 @@ bool ask_one(const Registry& registry, const std::string& target, const NamedHan
     throw;
   } catch (...) {
     // Keep the detector's own exception as the cause: the host chains it.
-    std::throw_with_nested(EngineError(
-        EngineError::Kind::kBackend,
-        messages::detector_raised(target, detector.name, device_text) + registry.failure_note()));
+    std::throw_with_nested(
+        EngineError(EngineError::Kind::kBackend,
+                    messages::detector_raised(target, detector.name, device_text) + registry.failure_note()));
   }
 }
 
@@ -27,25 +27,22 @@ bool ask_one(const Registry& registry, const std::string& target, const NamedHan
 TargetChoice check_requested(const Registry& registry, const TargetChoice& requested) {
   if (requested.kind == TargetChoice::Kind::kNamed && !registry.knows(requested.name)) {
     throw EngineError(EngineError::Kind::kUnknownTarget,
-                      messages::unknown_target(requested.name, registry.targets()) +
-                          registry.failure_note());
+                      messages::unknown_target(requested.name, registry.targets()) + registry.failure_note());
   }
   return requested;
 }
 
-TargetChoice settle_target(const Registry& registry, const TargetChoice& requested,
-                           const std::string& device_text, const AskDetector& ask) {
+TargetChoice settle_target(const Registry& registry, const TargetChoice& requested, const std::string& device_text,
+                           const AskDetector& ask) {
   if (requested.kind != TargetChoice::Kind::kDetect) return check_requested(registry, requested);
 
   const DefaultTarget fallback = registry.default_target();
   switch (fallback.kind) {
-    case DefaultTarget::Kind::kBuiltin:
-      return TargetChoice::builtin();
+    case DefaultTarget::Kind::kBuiltin: return TargetChoice::builtin();
     case DefaultTarget::Kind::kNamed:
       // A default is validated when set, but its backend may have been reset since.
       return check_requested(registry, TargetChoice::named(fallback.name));
-    case DefaultTarget::Kind::kNone:
-      break;
+    case DefaultTarget::Kind::kNone: break;
   }
 
   std::vector<std::string> claimants;
@@ -60,8 +57,8 @@ TargetChoice settle_target(const Registry& registry, const TargetChoice& request
   return TargetChoice::named(claimants.front());
 }
 
-bool target_claims(const Registry& registry, const std::string& target,
-                   const std::string& device_text, const AskDetector& ask) {
+bool target_claims(const Registry& registry, const std::string& target, const std::string& device_text,
+                   const AskDetector& ask) {
   auto detector = registry.detector(target);
   if (!detector) return true;
   return ask_one(registry, target, *detector, device_text, ask);

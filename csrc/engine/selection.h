@@ -34,13 +34,13 @@ TargetChoice check_requested(const Registry& registry, const TargetChoice& reque
 // Never returns kDetect: detection ends in a name, or in kBuiltin when nobody claims the
 // device. Throws kUnknownTarget, kAmbiguousTarget, or kBackend (nested on the detector's
 // own exception) as the spec words them.
-TargetChoice settle_target(const Registry& registry, const TargetChoice& requested,
-                           const std::string& device_text, const AskDetector& ask);
+TargetChoice settle_target(const Registry& registry, const TargetChoice& requested, const std::string& device_text,
+                           const AskDetector& ask);
 
 // Asks only `target`'s detector whether it claims the device (C4's check for a settled
 // instance meeting a new device). A target without a detector claims every device it
 // was named for. Raising detectors are reported like in settle_target.
-bool target_claims(const Registry& registry, const std::string& target,
-                   const std::string& device_text, const AskDetector& ask);
+bool target_claims(const Registry& registry, const std::string& target, const std::string& device_text,
+                   const AskDetector& ask);
 
 }  // namespace tileops::engine

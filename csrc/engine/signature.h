@@ -89,8 +89,9 @@ inline std::optional<DecodedKey> decode_key(std::span<const int64_t> key) {
     const int64_t dtype = key[at];
     const int64_t ndim = key[at + 1];
     if (ndim < 0 || at + 2 + static_cast<size_t>(ndim) > key.size()) return std::nullopt;
-    SlotSignature slot{dtype, {key.begin() + static_cast<std::ptrdiff_t>(at + 2),
-                               key.begin() + static_cast<std::ptrdiff_t>(at + 2 + static_cast<size_t>(ndim))}};
+    SlotSignature slot{dtype,
+                       {key.begin() + static_cast<std::ptrdiff_t>(at + 2),
+                        key.begin() + static_cast<std::ptrdiff_t>(at + 2 + static_cast<size_t>(ndim))}};
     out.slots.emplace_back(std::move(slot));
     at += 2 + static_cast<size_t>(ndim);
   }
@@ -111,29 +112,18 @@ struct KeyHash {
     h ^= h >> 33;
     return static_cast<size_t>(h);
   }
-  size_t operator()(const std::vector<int64_t>& key) const noexcept {
-    return (*this)(std::span<const int64_t>(key));
-  }
+  size_t operator()(const std::vector<int64_t>& key) const noexcept { return (*this)(std::span<const int64_t>(key)); }
 };
 
 struct KeyEqual {
   using is_transparent = void;
   static bool same(std::span<const int64_t> a, std::span<const int64_t> b) noexcept {
-    return a.size() == b.size() &&
-           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(int64_t)) == 0);
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(int64_t)) == 0);
   }
-  bool operator()(std::span<const int64_t> a, std::span<const int64_t> b) const noexcept {
-    return same(a, b);
-  }
-  bool operator()(const std::vector<int64_t>& a, std::span<const int64_t> b) const noexcept {
-    return same(a, b);
-  }
-  bool operator()(std::span<const int64_t> a, const std::vector<int64_t>& b) const noexcept {
-    return same(a, b);
-  }
-  bool operator()(const std::vector<int64_t>& a, const std::vector<int64_t>& b) const noexcept {
-    return same(a, b);
-  }
+  bool operator()(std::span<const int64_t> a, std::span<const int64_t> b) const noexcept { return same(a, b); }
+  bool operator()(const std::vector<int64_t>& a, std::span<const int64_t> b) const noexcept { return same(a, b); }
+  bool operator()(std::span<const int64_t> a, const std::vector<int64_t>& b) const noexcept { return same(a, b); }
+  bool operator()(const std::vector<int64_t>& a, const std::vector<int64_t>& b) const noexcept { return same(a, b); }
 };
 
 }  // namespace tileops::engine

@@ -118,8 +118,8 @@ void offsets(const Values& t, int64_t total, bool exact) {
   if (t.at(0) != 0) broken(item(t, 0) + " = " + std::to_string(t.at(0)) + ", expected 0");
   for (int64_t i = 1; i < n; ++i) {
     if (t.at(i) < t.at(i - 1)) {
-      broken(item(t, i) + " = " + std::to_string(t.at(i)) + " is less than " + item(t, i - 1) +
-             " = " + std::to_string(t.at(i - 1)) + ": offsets must not decrease");
+      broken(item(t, i) + " = " + std::to_string(t.at(i)) + " is less than " + item(t, i - 1) + " = " +
+             std::to_string(t.at(i - 1)) + ": offsets must not decrease");
     }
   }
   const int64_t last = t.at(n - 1);
@@ -136,8 +136,7 @@ void spans_at_most(const Values& t, int64_t limit) {
   for (int64_t i = 1; i < t.size(0); ++i) {
     const int64_t span = t.at(i) - t.at(i - 1);
     if (span > limit) {
-      broken(item(t, i) + " - " + item(t, i - 1) + " = " + std::to_string(span) + " exceeds " +
-             std::to_string(limit));
+      broken(item(t, i) + " - " + item(t, i - 1) + " = " + std::to_string(span) + " exceeds " + std::to_string(limit));
     }
   }
 }
@@ -168,17 +167,16 @@ void within(const Values& t, int64_t low, int64_t high) {
 // given. L_b must fit in the table's row (columns x page_size), and the pages it uses,
 // table[b, 0 .. ceil(L_b / page_size) - 1], must lie in [0, num_pages). Entries past the
 // used pages are never read and may hold anything.
-void pages(const Values& table, int64_t page_size, int64_t num_pages,
-           const std::vector<Values>& lengths) {
+void pages(const Values& table, int64_t page_size, int64_t num_pages, const std::vector<Values>& lengths) {
   if (table.ndim() != 2) broken("'" + table.name() + "' must be 2-D, got shape " + table.shape());
   if (page_size <= 0) broken("page_size is " + std::to_string(page_size) + ", expected > 0");
   const int64_t batch = table.size(0), width = table.size(1);
   for (const Values& len : lengths) {
     expect_1d(len);
     if (len.size(0) != batch && len.size(0) != batch + 1) {
-      broken("'" + len.name() + "' has " + std::to_string(len.size(0)) + " entries; '" +
-             table.name() + "' has " + std::to_string(batch) + " rows, so expected " +
-             std::to_string(batch) + " lengths or " + std::to_string(batch + 1) + " offsets");
+      broken("'" + len.name() + "' has " + std::to_string(len.size(0)) + " entries; '" + table.name() + "' has " +
+             std::to_string(batch) + " rows, so expected " + std::to_string(batch) + " lengths or " +
+             std::to_string(batch + 1) + " offsets");
     }
   }
   for (int64_t b = 0; b < batch; ++b) {
@@ -187,22 +185,22 @@ void pages(const Values& table, int64_t page_size, int64_t num_pages,
     for (const Values& len : lengths) {
       const bool spans = len.size(0) == batch + 1;
       tokens += spans ? len.at(b + 1) - len.at(b) : len.at(b);
-      terms += (terms.empty() ? "" : " + ") +
-               (spans ? item(len, b + 1) + " - " + item(len, b) : item(len, b));
+      terms += (terms.empty() ? "" : " + ") + (spans ? item(len, b + 1) + " - " + item(len, b) : item(len, b));
     }
-    if (tokens < 0) broken("sequence " + std::to_string(b) + " has " + std::to_string(tokens) + " tokens (" + terms + ")");
+    if (tokens < 0)
+      broken("sequence " + std::to_string(b) + " has " + std::to_string(tokens) + " tokens (" + terms + ")");
     if (tokens > width * page_size) {
-      broken("sequence " + std::to_string(b) + " needs " + std::to_string(tokens) + " tokens (" +
-             terms + "), more than its " + std::to_string(width) + " pages of " +
-             std::to_string(page_size) + " hold (" + std::to_string(width * page_size) + ")");
+      broken("sequence " + std::to_string(b) + " needs " + std::to_string(tokens) + " tokens (" + terms +
+             "), more than its " + std::to_string(width) + " pages of " + std::to_string(page_size) + " hold (" +
+             std::to_string(width * page_size) + ")");
     }
     const int64_t used = (tokens + page_size - 1) / page_size;
     for (int64_t p = 0; p < used; ++p) {
       const int64_t page = table.at(b, p);
       if (page < 0 || page >= num_pages) {
-        broken(table.name() + "[" + std::to_string(b) + ", " + std::to_string(p) + "] = " +
-               std::to_string(page) + " points outside the cache's " + std::to_string(num_pages) +
-               " pages (valid: 0 to " + std::to_string(num_pages - 1) + ")");
+        broken(table.name() + "[" + std::to_string(b) + ", " + std::to_string(p) + "] = " + std::to_string(page) +
+               " points outside the cache's " + std::to_string(num_pages) + " pages (valid: 0 to " +
+               std::to_string(num_pages - 1) + ")");
       }
     }
   }
@@ -241,9 +239,9 @@ void writes_apart(const Values& table, int64_t page_size, int64_t num_pages, con
     return first(b) + std::clamp<int64_t>(offsets.at(b + 1) - offsets.at(b), 0, room - first(b));
   };
   auto token = [&](int64_t b, int64_t position) {
-    return "request " + std::to_string(b) + "'s position " + std::to_string(position) + " (" + table.name() +
-           "[" + std::to_string(b) + ", " + std::to_string(position / page_size) + "] = " +
-           std::to_string(table.at(b, position / page_size)) + ")";
+    return "request " + std::to_string(b) + "'s position " + std::to_string(position) + " (" + table.name() + "[" +
+           std::to_string(b) + ", " + std::to_string(position / page_size) +
+           "] = " + std::to_string(table.at(b, position / page_size)) + ")";
   };
   auto writer_of = [&](int64_t row) -> std::string {  // the first token written to `row`
     for (int64_t b = 0; b < batch; ++b) {

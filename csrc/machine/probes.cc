@@ -35,8 +35,7 @@ std::vector<double> run_on_threads(int threads, int repeats, const std::function
       fn(t);
       sync.arrive_and_wait();
       if (t == 0) {
-        seconds[static_cast<size_t>(r)] =
-            std::chrono::duration<double>(Clock::now() - start).count();
+        seconds[static_cast<size_t>(r)] = std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
   };
@@ -49,8 +48,7 @@ std::vector<double> run_on_threads(int threads, int repeats, const std::function
 
 void check_threads(int threads, int repeats) {
   if (threads < 1 || threads > 1024) {
-    throw std::invalid_argument("probe: threads must be in [1, 1024], got " +
-                                std::to_string(threads));
+    throw std::invalid_argument("probe: threads must be in [1, 1024], got " + std::to_string(threads));
   }
   if (repeats < 1) {
     throw std::invalid_argument("probe: repeats must be >= 1, got " + std::to_string(repeats));
@@ -98,8 +96,7 @@ class Buffer {
 // kernels write large results; its store is an instruction of each width. Spans start
 // 64-byte aligned and hold whole 1 KiB runs (bandwidth()).
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float read_span(const float* src,
-                                                                             int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) float read_span(const float* src, int64_t n) {
   float acc[64] = {};
   for (int64_t i = 0; i < n; i += 64) {
 #pragma GCC unroll 64
@@ -110,9 +107,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float read_span(con
   return total;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void copy_span(const float* src,
-                                                                            float* dst,
-                                                                            int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void copy_span(const float* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
 }
 
@@ -249,8 +244,7 @@ std::vector<Fp32Kernel> fp32_kernels() {
 }
 
 // GFLOP/s per repeat: trips sized from one short single-thread run to about `ms` each.
-std::vector<double> compute_peak(const ComputeKernel& kernel, int threads, int repeats,
-                                 double ms) {
+std::vector<double> compute_peak(const ComputeKernel& kernel, int threads, int repeats, double ms) {
   check_threads(threads, repeats);
   if (!(ms > 0)) throw std::invalid_argument("probe: ms must be > 0");
   std::vector<float> sink(static_cast<size_t>(threads) * 16);
@@ -260,9 +254,8 @@ std::vector<double> compute_peak(const ComputeKernel& kernel, int threads, int r
   const double per_trip =
       std::chrono::duration<double>(Clock::now() - start).count() / static_cast<double>(calibration);
   const auto trips = std::max<int64_t>(1000, static_cast<int64_t>(ms * 1e-3 / std::max(per_trip, 1e-12)));
-  const auto seconds = run_on_threads(threads, repeats, [&](int t) {
-    sink[static_cast<size_t>(t) * 16] += kernel.fn(trips);
-  });
+  const auto seconds =
+      run_on_threads(threads, repeats, [&](int t) { sink[static_cast<size_t>(t) * 16] += kernel.fn(trips); });
   const double flop = static_cast<double>(trips) * kernel.flop_per_trip * threads;
   std::vector<double> rates;
   for (double s : seconds) rates.push_back(flop / s / 1e9);
@@ -275,8 +268,7 @@ std::vector<double> bandwidth(const std::string& kind, int64_t mib, int threads,
   check_threads(threads, repeats);
   const bool copies = kind == "copy" || kind == "copy_stream";
   if (!copies && kind != "read") {
-    throw std::invalid_argument(
-        "bandwidth probe: kind must be 'read', 'copy' or 'copy_stream', got '" + kind + "'");
+    throw std::invalid_argument("bandwidth probe: kind must be 'read', 'copy' or 'copy_stream', got '" + kind + "'");
   }
   if (mib < 1) throw std::invalid_argument("bandwidth probe: mib must be >= 1");
   const CopySpan copy = kind == "copy_stream" ? stream_span() : copy_span;
@@ -310,8 +302,7 @@ std::vector<double> fp32_fma_peak(int threads, int repeats, double ms, const std
   if (isa == "avx512f" || isa == "avx2+fma") {
     throw Unavailable("this CPU cannot run the " + isa + " fp32 FMA probe");
   }
-  throw std::invalid_argument(
-      "fp32 FMA probe: isa must be '', 'avx512f', 'avx2+fma' or 'scalar', got '" + isa + "'");
+  throw std::invalid_argument("fp32 FMA probe: isa must be '', 'avx512f', 'avx2+fma' or 'scalar', got '" + isa + "'");
 }
 
 std::string fp32_fma_isa() { return fp32_kernels().front().isa; }

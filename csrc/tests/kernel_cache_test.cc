@@ -53,8 +53,20 @@ TEST_F(KernelCacheTest, ASignatureIsBuiltOnceAndThenFound) {
   int builds = 0;
   auto key = key_for(4);
   EXPECT_EQ(cache.find(key), nullptr);
-  Handle first = cache.get_or_build(key, 0, [&] { ++builds; return kernel("k4"); }, owner);
-  Handle again = cache.get_or_build(key, 0, [&] { ++builds; return kernel("other"); }, owner);
+  Handle first = cache.get_or_build(
+      key, 0,
+      [&] {
+        ++builds;
+        return kernel("k4");
+      },
+      owner);
+  Handle again = cache.get_or_build(
+      key, 0,
+      [&] {
+        ++builds;
+        return kernel("other");
+      },
+      owner);
   EXPECT_EQ(builds, 1);
   EXPECT_EQ(first, again);
   const Handle* found = cache.find(key);
@@ -70,8 +82,8 @@ TEST_F(KernelCacheTest, AFailedBuildLeavesNothingBehind) {
   std::lock_guard owner_lock(owner_mutex);
   MutexOwner owner(owner_mutex);
   auto key = key_for(4);
-  EXPECT_THROW(cache.get_or_build(key, 0, []() -> Handle { throw std::runtime_error("bad"); }, owner),
-               std::runtime_error);
+  EXPECT_THROW(
+      cache.get_or_build(key, 0, []() -> Handle { throw std::runtime_error("bad"); }, owner), std::runtime_error);
   EXPECT_EQ(cache.find(key), nullptr);
   EXPECT_EQ(cache.size(), 0u);
   Handle built = cache.get_or_build(key, 0, [] { return kernel("ok"); }, owner);
@@ -107,14 +119,17 @@ TEST_F(KernelCacheTest, ConcurrentFirstCallsBuildOnceAndAllGetThatKernel) {
     threads.emplace_back([&, i] {
       std::lock_guard owner_lock(owner_mutex);
       MutexOwner owner(owner_mutex);
-      results[static_cast<size_t>(i)] = cache.get_or_build(key_for(8), 0, [&] {
-        ++builds;
-        // Let the other threads arrive while this build is in flight.
-        owner.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        owner.lock();
-        return kernel("shared");
-      }, owner);
+      results[static_cast<size_t>(i)] = cache.get_or_build(
+          key_for(8), 0,
+          [&] {
+            ++builds;
+            // Let the other threads arrive while this build is in flight.
+            owner.unlock();
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            owner.lock();
+            return kernel("shared");
+          },
+          owner);
     });
   }
   for (auto& t : threads) t.join();
@@ -128,9 +143,8 @@ TEST_F(KernelCacheTest, ABuilderWaitingOnItsOwnKeyIsAnErrorNotADeadlock) {
   MutexOwner owner(owner_mutex);
   auto key = key_for(2);
   try {
-    cache.get_or_build(key, 0, [&] {
-      return cache.get_or_build(key, 0, [] { return kernel("inner"); }, owner);
-    }, owner);
+    cache.get_or_build(
+        key, 0, [&] { return cache.get_or_build(key, 0, [] { return kernel("inner"); }, owner); }, owner);
     FAIL();
   } catch (const EngineError& error) {
     EXPECT_NE(std::string(error.what()).find("RMSNormFwdOp"), std::string::npos);
@@ -144,13 +158,16 @@ TEST_F(KernelCacheTest, AChildForkedDuringABuildBuildsTheKeyItself) {
   std::thread builder([&] {
     std::lock_guard owner_lock(owner_mutex);
     MutexOwner owner(owner_mutex);
-    cache.get_or_build(key_for(5), 0, [&] {
-      owner.unlock();  // like a Python builder letting the GIL go
-      building = true;
-      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      owner.lock();
-      return kernel("parent");
-    }, owner);
+    cache.get_or_build(
+        key_for(5), 0,
+        [&] {
+          owner.unlock();  // like a Python builder letting the GIL go
+          building = true;
+          while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          owner.lock();
+          return kernel("parent");
+        },
+        owner);
   });
   while (!building) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const pid_t child = fork();

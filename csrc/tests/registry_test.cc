@@ -106,8 +106,7 @@ TEST(Registry, LoadFailuresAddTheNoteToTargetErrors) {
   Registry registry;
   EXPECT_EQ(registry.failure_note(), "");
   registry.add_load_failure("broken (broken_mod): ImportError: no");
-  EXPECT_EQ(registry.failure_note(),
-            " (1 backend(s) failed to load; see tileops.backend.load_failures())");
+  EXPECT_EQ(registry.failure_note(), " (1 backend(s) failed to load; see tileops.backend.load_failures())");
   EXPECT_EQ(registry.load_failures().size(), 1u);
 }
 

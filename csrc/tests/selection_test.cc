@@ -28,31 +28,27 @@ TEST(Selection, TheConstructorsTargetWinsOverTheDefaultAndDetection) {
   registry.register_detector("a", named("a.yes"));
   registry.register_detector("b", named("b.no"));
   registry.set_default(DefaultTarget::named("a"));
-  EXPECT_EQ(settle_target(registry, TargetChoice::named("b"), "cpu", scripted()),
-            TargetChoice::named("b"));
+  EXPECT_EQ(settle_target(registry, TargetChoice::named("b"), "cpu", scripted()), TargetChoice::named("b"));
 }
 
 TEST(Selection, TheProcessDefaultWinsOverDetection) {
   Registry registry;
   registry.register_detector("a", named("a.yes"));
   registry.set_default(DefaultTarget::builtin());
-  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()),
-            TargetChoice::builtin());
+  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()), TargetChoice::builtin());
 }
 
 TEST(Selection, ExactlyOneClaimantIsChosen) {
   Registry registry;
   registry.register_detector("a", named("a.no"));
   registry.register_detector("b", named("b.yes"));
-  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()),
-            TargetChoice::named("b"));
+  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()), TargetChoice::named("b"));
 }
 
 TEST(Selection, NoClaimantMeansTheInTreeKernels) {
   Registry registry;
   registry.register_detector("a", named("a.no"));
-  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()),
-            TargetChoice::builtin());
+  EXPECT_EQ(settle_target(registry, TargetChoice::detect(), "cpu", scripted()), TargetChoice::builtin());
 }
 
 TEST(Selection, TwoClaimantsAreAmbiguousAndNamedInOrder) {

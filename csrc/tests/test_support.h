@@ -8,12 +8,8 @@
 
 namespace tileops::engine::testing {
 
-inline NamedHandle named(std::string name) {
-  return {std::make_shared<std::string>(name), std::move(name)};
-}
+inline NamedHandle named(std::string name) { return {std::make_shared<std::string>(name), std::move(name)}; }
 
-inline const std::string& text_of(const Handle& handle) {
-  return *static_cast<const std::string*>(handle.get());
-}
+inline const std::string& text_of(const Handle& handle) { return *static_cast<const std::string*>(handle.get()); }
 
 }  // namespace tileops::engine::testing

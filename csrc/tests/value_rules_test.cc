@@ -48,7 +48,8 @@ TEST(ValueRules, OffsetsMustStartAtZeroNeverDecreaseAndEndAtTheTotal) {
   EXPECT_EQ(call.check(rules), "");
   call.data[cu] = {0, 3, 2, 6};
   EXPECT_EQ(call.check(rules),
-            "value rule `offsets(cu, q.shape[0])` does not hold: cu[2] = 2 is less than cu[1] = 3: offsets must not decrease");
+            "value rule `offsets(cu, q.shape[0])` does not hold: cu[2] = 2 is less than cu[1] = 3: offsets must not "
+            "decrease");
   call.data[cu] = {1, 2, 3, 6};
   EXPECT_NE(call.check(rules).find("cu[0] = 1, expected 0"), std::string::npos);
   call.data[cu] = {0, 2, 3, 5};
@@ -132,10 +133,12 @@ TEST(ValueRules, SpansAndLowerBounds) {
 TEST(ValueRules, WithinBoundsBothEnds) {
   Call call;
   const int pos = call.add("pos", {0, 7, 8}, {3});
-  EXPECT_NE(call.check({{ValueKind::kWithin, "in", {pos}, {constant(0), constant(8)}}}).find("pos[2] = 8 is outside [0, 8)"),
-            std::string::npos);
-  EXPECT_NE(call.check({{ValueKind::kWithin, "in", {pos}, {constant(1), constant(9)}}}).find("pos[0] = 0 is outside [1, 9)"),
-            std::string::npos);
+  EXPECT_NE(
+      call.check({{ValueKind::kWithin, "in", {pos}, {constant(0), constant(8)}}}).find("pos[2] = 8 is outside [0, 8)"),
+      std::string::npos);
+  EXPECT_NE(
+      call.check({{ValueKind::kWithin, "in", {pos}, {constant(1), constant(9)}}}).find("pos[0] = 0 is outside [1, 9)"),
+      std::string::npos);
   EXPECT_EQ(call.check({{ValueKind::kWithin, "in", {pos}, {constant(0), constant(9)}}}), "");
 }
 
@@ -144,7 +147,9 @@ TEST(ValueRules, AnAbsentInputSkipsItsRuleAndAMissingAxisIsReported) {
   const int cu = call.add("cu", {0, 1}, {2});
   auto slots = call.slots();
   slots[0].present = false;
-  EXPECT_EQ(check_value_rules(std::vector<ValueRule>{{ValueKind::kOffsets, "r", {cu}, {constant(1)}}}, slots, call.names), "");
+  EXPECT_EQ(
+      check_value_rules(std::vector<ValueRule>{{ValueKind::kOffsets, "r", {cu}, {constant(1)}}}, slots, call.names),
+      "");
   EXPECT_NE(call.check({{ValueKind::kOffsets, "r", {cu}, {dim(cu, 3)}}}).find("has no axis 3"), std::string::npos);
 }
 

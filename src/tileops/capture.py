@@ -115,8 +115,10 @@ class Graph:
             failure, built = self._graph.end()
         if not failure and watch.computed:
             self._graph.reset()
-            failure = ("torch computed between the captured launches (a replay would skip it): "
-                       f"{', '.join(sorted(set(watch.computed)))}")
+            failure = (
+                "torch computed between the captured launches (a replay would skip it): "
+                f"{', '.join(sorted(set(watch.computed)))}"
+            )
         if failure:
             raise CaptureError(f"the capture cannot be replayed: {failure}", built)
 
@@ -143,9 +145,22 @@ class Graph:
         return len(self._graph)
 
 
-def decode_greedy(graph: Graph, steps: int, *, logits: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
-                  positions: torch.Tensor, lengths: torch.Tensor, last: torch.Tensor, tokens: torch.Tensor,
-                  unfinished: torch.Tensor, eos: list[int], pad: int, kept_logits: torch.Tensor | None = None) -> int:
+def decode_greedy(
+    graph: Graph,
+    steps: int,
+    *,
+    logits: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    last: torch.Tensor,
+    tokens: torch.Tensor,
+    unfinished: torch.Tensor,
+    eos: list[int],
+    pad: int,
+    kept_logits: torch.Tensor | None = None,
+) -> int:
     """Greedy decoding on ``graph``, a captured decode step whose last launch writes
     ``logits`` [B, V]: up to ``steps`` times, each sequence's token in ``last`` [B] (int64)
     has its row of the embedding ``table`` copied into ``rows`` [B, H] (the step's input),
@@ -156,8 +171,21 @@ def decode_greedy(graph: Graph, steps: int, *, logits: torch.Tensor, table: torc
     finishes its sequence; the loop ends once none is unfinished. With ``kept_logits``
     (float32 [>= steps, B, V]), step s's logits go to ``kept_logits[s]``. Host tensors,
     contiguous. Returns the steps run."""
-    return _C.decode_greedy(graph._graph, steps, logits, table, rows, positions, lengths, last, tokens, unfinished,
-                            list(eos), pad, kept_logits)
+    return _C.decode_greedy(
+        graph._graph,
+        steps,
+        logits,
+        table,
+        rows,
+        positions,
+        lengths,
+        last,
+        tokens,
+        unfinished,
+        list(eos),
+        pad,
+        kept_logits,
+    )
 
 
 def include_dir() -> str:

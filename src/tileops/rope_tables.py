@@ -36,17 +36,21 @@ def plain_inv_freq(half: int, base: float, device: torch.device | None = None) -
 
 
 def llama31_inv_freq(
-    half: int, base: float, *, scale_factor: float, low_freq_factor: float,
-    high_freq_factor: float, original_max_position: int, device: torch.device | None = None,
+    half: int,
+    base: float,
+    *,
+    scale_factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position: int,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Llama 3.1's: wavelengths 2*pi/f shorter than original_max_position / high_freq_factor
     keep f, longer than original_max_position / low_freq_factor take f / scale_factor, and
     the band between blends the two linearly."""
     f = plain_inv_freq(half, base, device)
     wavelength = 2 * math.pi / f
-    smooth = (original_max_position / wavelength - low_freq_factor) / (
-        high_freq_factor - low_freq_factor
-    )
+    smooth = (original_max_position / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
     scaled = f / scale_factor
     blended = (1 - smooth) * scaled + smooth * f
     short = wavelength < original_max_position / high_freq_factor
@@ -55,8 +59,14 @@ def llama31_inv_freq(
 
 
 def yarn_inv_freq(
-    half: int, base: float, *, scale: float, original_max_position: int, beta_fast: float,
-    beta_slow: float, device: torch.device | None = None,
+    half: int,
+    base: float,
+    *,
+    scale: float,
+    original_max_position: int,
+    beta_fast: float,
+    beta_slow: float,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """YaRN's, as upstream computes them: interpolated ((scale * base)^(-k/half)) above the
     beta_slow correction dim, extrapolated (base^(-k/half)) below beta_fast, a linear ramp
@@ -64,9 +74,7 @@ def yarn_inv_freq(
     k = torch.arange(half, dtype=torch.float32, device=device)
 
     def correction_dim(rotations: float) -> float:
-        return half * math.log(original_max_position / (2 * math.pi * rotations)) / (
-            2 * math.log(base)
-        )
+        return half * math.log(original_max_position / (2 * math.pi * rotations)) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
     high = min(math.ceil(correction_dim(beta_slow)), half - 1)
@@ -77,7 +85,10 @@ def yarn_inv_freq(
 
 
 def longrope_inv_freq(
-    half: int, base: float, *, rescale_factors: Sequence[float] | None,
+    half: int,
+    base: float,
+    *,
+    rescale_factors: Sequence[float] | None,
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """LongRoPE's: each plain frequency divided by its own rescale factor (None: the plain ones)."""
@@ -107,18 +118,27 @@ class Scaling(NamedTuple):
 
 #: The scalings by the name the RoPE ops' builders and references use.
 SCALINGS: dict[str, Scaling] = {
-    "llama31": Scaling(llama31_inv_freq, ("scale_factor", "low_freq_factor", "high_freq_factor",
-                                          "original_max_position"), lambda p: 1.0),
-    "yarn": Scaling(yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"),
-                    lambda p: float(p["attn_factor"])),
-    "longrope": Scaling(longrope_inv_freq, ("rescale_factors",),
-                        lambda p: longrope_factor(p["max_position_embeddings"],
-                                                  p["original_max_position_embeddings"])),
+    "llama31": Scaling(
+        llama31_inv_freq,
+        ("scale_factor", "low_freq_factor", "high_freq_factor", "original_max_position"),
+        lambda p: 1.0,
+    ),
+    "yarn": Scaling(
+        yarn_inv_freq, ("scale", "original_max_position", "beta_fast", "beta_slow"), lambda p: float(p["attn_factor"])
+    ),
+    "longrope": Scaling(
+        longrope_inv_freq,
+        ("rescale_factors",),
+        lambda p: longrope_factor(p["max_position_embeddings"], p["original_max_position_embeddings"]),
+    ),
 }
 
 
 def frequencies(
-    scaling: str | None, half: int, base: float, params: Mapping[str, Any] | None = None,
+    scaling: str | None,
+    half: int,
+    base: float,
+    params: Mapping[str, Any] | None = None,
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, float]:
     """(inv_freq [half], factor on cos and sin) of ``scaling`` (None: plain, factor 1), its
@@ -130,8 +150,12 @@ def frequencies(
 
 
 def cos_sin(
-    positions: torch.Tensor, rotary_dim: int, base: float, dtype: torch.dtype,
-    scaling: str | None = None, params: Mapping[str, Any] | None = None,
+    positions: torch.Tensor,
+    rotary_dim: int,
+    base: float,
+    dtype: torch.dtype,
+    scaling: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, each [len(positions), rotary_dim // 2] on positions' device, of ``scaling``
     (None: the plain frequencies) with the op's ``params``, times the scaling's factor and

@@ -35,8 +35,15 @@ def _walk(table: torch.Tensor, first: list[int]) -> dict:
     with graph.capture():
         logits = add(rows, zeros)
     positions = torch.tensor([5 * b for b in range(len(first))])
-    return dict(graph=graph, logits=logits, table=table, rows=rows, positions=positions,
-                lengths=positions.to(torch.int32), last=torch.tensor(first))
+    return dict(
+        graph=graph,
+        logits=logits,
+        table=table,
+        rows=rows,
+        positions=positions,
+        lengths=positions.to(torch.int32),
+        last=torch.tensor(first),
+    )
 
 
 def _walked(table: torch.Tensor, last: int, steps: int, eos=(), pad=-1, finished=False) -> list[int]:
@@ -107,8 +114,19 @@ def test_it_keeps_each_steps_logits_as_float32():
     walk = _walk(table, [1, 3])
     kept = torch.full((4, 2, 16), float("nan"))
     tokens = torch.empty(2, 3, dtype=torch.long)
-    assert decode_greedy(walk.pop("graph"), 3, **walk, tokens=tokens, unfinished=torch.ones(2, dtype=torch.long),
-                         eos=[], pad=0, kept_logits=kept) == 3
+    assert (
+        decode_greedy(
+            walk.pop("graph"),
+            3,
+            **walk,
+            tokens=tokens,
+            unfinished=torch.ones(2, dtype=torch.long),
+            eos=[],
+            pad=0,
+            kept_logits=kept,
+        )
+        == 3
+    )
     inputs = [torch.tensor([1, 3])] + [tokens[:, s] for s in range(2)]
     for s in range(3):
         assert torch.equal(kept[s], table[inputs[s]].float())
@@ -127,8 +145,11 @@ def test_it_pads_a_finished_sequence_and_stops_once_all_have_finished():
     tokens = torch.full((2, 12), -1)
     unfinished = torch.ones(2, dtype=torch.long)
     assert _decode(walk, 12, tokens, unfinished, eos, pad) == 3  # 0 meets 3 at its second token, 1 meets 9 at its third
-    assert tokens[:, :3].tolist() == [[2, 3, pad], [7, 8, 9]] == [_walked(table, 1, 3, eos, pad),
-                                                                  _walked(table, 6, 3, eos, pad)]
+    assert (
+        tokens[:, :3].tolist()
+        == [[2, 3, pad], [7, 8, 9]]
+        == [_walked(table, 1, 3, eos, pad), _walked(table, 6, 3, eos, pad)]
+    )
     assert unfinished.tolist() == [0, 0] and positions.tolist() == [3, 8]
     tokens = torch.full((2, 4), -1)  # a sequence that came in finished gets the pad token from its first step
     assert _decode(_walk(table, [1, 6]), 4, tokens, torch.tensor([0, 1]), [9], pad) == 3
@@ -139,14 +160,19 @@ def test_it_refuses_what_it_cannot_read_naming_it():
     table = torch.randn(16, 16).to(BF)
     walk = _walk(table, [1, 2])
     graph = walk.pop("graph")
-    args = dict(walk, tokens=torch.empty(2, 4, dtype=torch.long), unfinished=torch.ones(2, dtype=torch.long), eos=[],
-                pad=-1)
+    args = dict(
+        walk, tokens=torch.empty(2, 4, dtype=torch.long), unfinished=torch.ones(2, dtype=torch.long), eos=[], pad=-1
+    )
     for name, bad, message in [
         ("positions", walk["positions"].to(torch.int32), "positions must be int64 [2], got torch.int32 [2]"),
         ("lengths", walk["lengths"][:1], "lengths must be int32 [2], got torch.int32 [1]"),
         ("rows", walk["rows"].float(), "rows must be torch.bfloat16 [2, 16], got torch.float32 [2, 16]"),
         ("tokens", args["tokens"].int(), "tokens must be int64 [2, *], got torch.int32 [2, 4]"),
-        ("logits", walk["logits"].to(torch.int64), "logits must be float32, bfloat16 or float16 [B, V], got torch.int64"),
+        (
+            "logits",
+            walk["logits"].to(torch.int64),
+            "logits must be float32, bfloat16 or float16 [B, V], got torch.int64",
+        ),
         ("table", table[:8], "16 logits per row but the embedding table has 8 rows"),
         ("last", torch.tensor([1, 16]), "token 16 of sequence 1 is not a row of the embedding table"),
         ("eos", [3], "pad id -1 is not a row of the embedding table (16 rows)"),

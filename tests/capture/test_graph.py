@@ -46,7 +46,11 @@ def _chain():
 
 def _inputs(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(3, 64, generator=gen, dtype=BF), torch.randn(32, 64, generator=gen, dtype=BF), torch.rand(32, dtype=BF)
+    return (
+        torch.randn(3, 64, generator=gen, dtype=BF),
+        torch.randn(32, 64, generator=gen, dtype=BF),
+        torch.rand(32, dtype=BF),
+    )
 
 
 def test_a_replay_recomputes_the_launches_from_inputs_updated_in_place_into_the_captured_outputs(built):
@@ -56,8 +60,10 @@ def test_a_replay_recomputes_the_launches_from_inputs_updated_in_place_into_the_
     graph = Graph()
     with graph.capture():
         out = chain(a, w, g)
-    assert len(graph) == 2 and graph.descriptions() == ["GemmFwdOp: [3, 64], [32, 64] -> [3, 32]",
-                                                        "RMSNormFwdOp: [3, 32], [32] -> [3, 32]"]
+    assert len(graph) == 2 and graph.descriptions() == [
+        "GemmFwdOp: [3, 64], [32, 64] -> [3, 32]",
+        "RMSNormFwdOp: [3, 32], [32] -> [3, 32]",
+    ]
     a.copy_(torch.randn(3, 64, dtype=BF))
     g.copy_(torch.rand(32, dtype=BF))
     want = chain(a, w, g)
@@ -72,8 +78,9 @@ def test_a_replay_recomputes_the_launches_from_inputs_updated_in_place_into_the_
 def test_a_kernel_built_during_the_capture_fails_it_after_the_stretch_ran(built):
     a, w, g = _inputs()
     chain, graph = _chain(), Graph()
-    with pytest.raises(CaptureError, match="GemmFwdOp: its kernel for this input signature was built during the "
-                       "capture") as failed:
+    with pytest.raises(
+        CaptureError, match="GemmFwdOp: its kernel for this input signature was built during the capture"
+    ) as failed:
         with graph.capture():
             out = chain(a, w, g)
     assert failed.value.kernels_built and len(graph) == 0
@@ -88,7 +95,9 @@ def test_torch_computing_between_the_launches_fails_the_capture_naming_the_opera
     chain = _chain()
     chain(a, w, g)
     graph = Graph()
-    with pytest.raises(CaptureError, match=r"torch computed between the captured launches .*aten\.mul\.Tensor") as failed:
+    with pytest.raises(
+        CaptureError, match=r"torch computed between the captured launches .*aten\.mul\.Tensor"
+    ) as failed:
         with graph.capture():
             chain(a * 2, w, g)
     assert not failed.value.kernels_built and len(graph) == 0

@@ -59,7 +59,6 @@ register_detector("future_cpu", lambda device: False)
 """
 
 
-
 def block(folder: Path, *modules: str) -> Path:
     """A folder that, first on PYTHONPATH, makes ``modules`` fail to import as if absent."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,16 +70,21 @@ def block(folder: Path, *modules: str) -> Path:
     return folder
 
 
-def run_cli(*args: str, site: Site | None = None, path: tuple[Path, ...] = (),
-            timeout: float = 240) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, site: Site | None = None, path: tuple[Path, ...] = (), timeout: float = 240
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONWARNINGS")}
     entries = [str(p) for p in path] + ([str(site.root)] if site is not None else [])
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(entries)
     env["TILEOPS_MACHINE_PROFILE"] = str((site.root.parent if site else Path("/nonexistent")) / "machine.yaml")
     return subprocess.run(
-        [sys.executable, "-m", "tileops", *args], capture_output=True, text=True,
-        timeout=timeout, env=env, cwd=site.root.parent if site is not None else None,
+        [sys.executable, "-m", "tileops", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=site.root.parent if site is not None else None,
     )
 
 
@@ -97,4 +101,3 @@ def as_json(run: subprocess.CompletedProcess) -> dict[str, Any]:
 
 def rows(payload: dict[str, Any], table: str) -> list[dict[str, Any]]:
     return payload["tables"][table]["rows"]
-

@@ -13,4 +13,3 @@ def kit_site(fresh_site: Site) -> Site:
     fresh_site.install("tileops-backend-acme", {"acme_cpu": "tileops_acme"}, {"tileops_acme": MIXED})
     fresh_site.install("tileops-backend-other", {"other_cpu": "tileops_other"}, {"tileops_other": OTHER})
     return fresh_site
-

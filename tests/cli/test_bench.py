@@ -29,9 +29,23 @@ TINY = ["--scale", "tiny", "--rounds", "1", "--min-time", "0.001"]
 def test_bench_against_another_target_writes_a_roofline_png_and_one_metric_per_csv_row(kit_site, tmp_path):
     profile, png, table = tmp_path / "machine.yaml", tmp_path / "roofline.png", tmp_path / "bench.csv"
     profile.write_text(PROFILE)
-    run = run_cli("bench", "acme_cpu", "--ops", "RMSNormFwdOp", "--baseline", "other_cpu", *TINY,
-                  "--profile", str(profile), "--csv", str(table), "--plot", str(png), "--json",
-                  site=kit_site)
+    run = run_cli(
+        "bench",
+        "acme_cpu",
+        "--ops",
+        "RMSNormFwdOp",
+        "--baseline",
+        "other_cpu",
+        *TINY,
+        "--profile",
+        str(profile),
+        "--csv",
+        str(table),
+        "--plot",
+        str(png),
+        "--json",
+        site=kit_site,
+    )
     assert run.returncode == 0, output(run)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     payload = as_json(run)
@@ -48,7 +62,14 @@ def test_bench_against_another_target_writes_a_roofline_png_and_one_metric_per_c
     with table.open() as f:
         written = list(csv.DictReader(f))
     assert {row["metric"] for row in written} == {
-        "median", "iqr", "bandwidth", "compute", "roofline", "baseline_median", "speedup"}
+        "median",
+        "iqr",
+        "bandwidth",
+        "compute",
+        "roofline",
+        "baseline_median",
+        "speedup",
+    }
     assert len(written) == 7 * len(results)
     assert all(row["target"] == "acme_cpu" and row["baseline"] == "other_cpu" for row in written)
 
@@ -58,8 +79,9 @@ def test_bench_plot_without_matplotlib_is_refused_before_anything_runs(kit_site,
     blocked = block(tmp_path / "blocked", "matplotlib")
     run = run_cli("bench", "acme_cpu", "--plot", str(tmp_path / "r.png"), site=kit_site, path=(blocked,))
     assert run.returncode == 2, output(run)
-    assert run.stderr.startswith("tileops bench: error: --plot needs matplotlib, which is not "
-                                 "installed here; pip install 'tileops[cli]'"), output(run)
+    assert run.stderr.startswith(
+        "tileops bench: error: --plot needs matplotlib, which is not installed here; pip install 'tileops[cli]'"
+    ), output(run)
     assert not (tmp_path / "r.png").exists()
 
 
@@ -69,7 +91,8 @@ def _install(site):
 
 
 def test_without_a_machine_profile_bench_leaves_the_roofline_share_out_and_says_how_to_get_it(
-        site, capsys, monkeypatch, tmp_path):
+    site, capsys, monkeypatch, tmp_path
+):
     _install(site)
     monkeypatch.setenv("TILEOPS_MACHINE_PROFILE", str(tmp_path / "none.yaml"))
     assert cli.main(["bench", "acme_cpu", "--ops", "RMSNormFwdOp", *TINY, "--json"]) == 0
@@ -83,12 +106,19 @@ def test_without_a_machine_profile_bench_leaves_the_roofline_share_out_and_says_
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--baseline", "nope"], "--baseline: expected 'eager', 'compile' or a registered target "
-                                 "(acme_cpu, other_cpu), got 'nope'"),
-        (["--baseline", "other_cpu"], "--baseline: target 'other_cpu' registers no builder for "
-                                      "SoftmaxFwdOp; pass --ops with ops both targets serve"),
-        (["--profile", "h2000"], "--profile: expected a profile YAML file or a shipped profile "
-                                 "name (h20, h200), got 'h2000'"),
+        (
+            ["--baseline", "nope"],
+            "--baseline: expected 'eager', 'compile' or a registered target (acme_cpu, other_cpu), got 'nope'",
+        ),
+        (
+            ["--baseline", "other_cpu"],
+            "--baseline: target 'other_cpu' registers no builder for "
+            "SoftmaxFwdOp; pass --ops with ops both targets serve",
+        ),
+        (
+            ["--profile", "h2000"],
+            "--profile: expected a profile YAML file or a shipped profile name (h20, h200), got 'h2000'",
+        ),
         (["--plot", "chart.svg"], "--plot: expected a .png file name, got 'chart.svg'"),
     ],
 )
@@ -125,19 +155,23 @@ def test_the_eager_baseline_computes_in_the_inputs_dtype_as_a_users_call_does():
     assert not torch.equal(same, upcast)
 
 
-def test_bench_runs_targets_on_a_device_their_detectors_do_not_claim_and_says_so(
-        site, capsys, tmp_path):
+def test_bench_runs_targets_on_a_device_their_detectors_do_not_claim_and_says_so(site, capsys, tmp_path):
     # two opt-in backends (detectors claim nothing): one benched, one its baseline
     site.backend("opt_cpu", good("opt_cpu"))
     site.backend("opt_base", good("opt_base"))
     report = tmp_path / "bench.json"
-    assert cli.main(["bench", "opt_cpu", "--device", "cpu", "--baseline", "opt_base", *TINY,
-                     "--json", str(report)]) == 0
+    assert (
+        cli.main(["bench", "opt_cpu", "--device", "cpu", "--baseline", "opt_base", *TINY, "--json", str(report)]) == 0
+    )
     out = capsys.readouterr().out
-    ours = ("not claimed: opt_cpu's detect() answered False for cpu; it runs there because "
-            "the command line names it explicitly, as target='opt_cpu' does in a program")
-    theirs = ("baseline not claimed: opt_base's detect() answered False for cpu; it runs there "
-              "because --baseline names it explicitly")
+    ours = (
+        "not claimed: opt_cpu's detect() answered False for cpu; it runs there because "
+        "the command line names it explicitly, as target='opt_cpu' does in a program"
+    )
+    theirs = (
+        "baseline not claimed: opt_base's detect() answered False for cpu; it runs there "
+        "because --baseline names it explicitly"
+    )
     assert ours in out and theirs in out  # the table's lines
     payload = json.loads(report.read_text())
     assert payload["claimed"] is False and payload["detector"] is False
@@ -148,9 +182,13 @@ def test_bench_runs_targets_on_a_device_their_detectors_do_not_claim_and_says_so
 
 
 def test_an_unclaimed_target_whose_kernel_raises_fails_bench_with_exit_1(site, capsys):
-    site.backend("opt_cpu", good("opt_cpu").replace(
-        "return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)",
-        "return lambda x, w: (_ for _ in ()).throw(RuntimeError('opt_cpu: no kernel here'))"))
+    site.backend(
+        "opt_cpu",
+        good("opt_cpu").replace(
+            "return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)",
+            "return lambda x, w: (_ for _ in ()).throw(RuntimeError('opt_cpu: no kernel here'))",
+        ),
+    )
     assert cli.main(["bench", "opt_cpu", "--device", "cpu", *TINY, "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
     assert payload["claimed"] is False and payload["failed"] == len(payload["results"]) > 0

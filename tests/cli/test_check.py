@@ -16,8 +16,7 @@ from ._kit import MIXED, OTHER, output, rows, run_cli
 @pytest.mark.subprocess
 def test_check_catches_a_broken_kernel_and_passes_a_correct_one(kit_site, tmp_path):
     junit, report = tmp_path / "check.xml", tmp_path / "check.json"
-    run = run_cli("check", "acme_cpu", "--scale", "tiny", "--junit", str(junit),
-                  "--json", str(report), site=kit_site)
+    run = run_cli("check", "acme_cpu", "--scale", "tiny", "--junit", str(junit), "--json", str(report), site=kit_site)
     assert run.returncode == 1, output(run)
     lines = {tuple(line.split()[:3]) for line in run.stdout.splitlines()}
     assert ("RMSNormFwdOp", "float16", "pass") in lines
@@ -51,16 +50,21 @@ def test_check_exits_0_when_every_case_passes(site, capsys):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["nope"], "TARGET: no installed backend registers target 'nope'; registered "
-                       "targets: ['acme_cpu', 'opt_cpu', 'other_cpu']"),
-        (["acme_cpu", "--ops", "RMSNormFwd"], "--ops: 'RMSNormFwd' is not an op any manifest "
-                                              "declares (did you mean 'RMSNormFwdOp'?)"),
-        (["acme_cpu", "--ops", "GemmFwdOp"], "--ops: target 'acme_cpu' registers no builder for "
-                                             "GemmFwdOp; it registers: RMSNormFwdOp, SoftmaxFwdOp"),
-        (["acme_cpu", "--device", "gpu:x"], "--device: expected a torch device such as 'cpu' or "
-                                            "'cuda:0', got 'gpu:x'"),
-        (["acme_cpu", "--device", "ipu:0"], "--device: expected a device present on this "
-                                            "machine (cpu, "),
+        (
+            ["nope"],
+            "TARGET: no installed backend registers target 'nope'; registered "
+            "targets: ['acme_cpu', 'opt_cpu', 'other_cpu']",
+        ),
+        (
+            ["acme_cpu", "--ops", "RMSNormFwd"],
+            "--ops: 'RMSNormFwd' is not an op any manifest declares (did you mean 'RMSNormFwdOp'?)",
+        ),
+        (
+            ["acme_cpu", "--ops", "GemmFwdOp"],
+            "--ops: target 'acme_cpu' registers no builder for GemmFwdOp; it registers: RMSNormFwdOp, SoftmaxFwdOp",
+        ),
+        (["acme_cpu", "--device", "gpu:x"], "--device: expected a torch device such as 'cpu' or 'cuda:0', got 'gpu:x'"),
+        (["acme_cpu", "--device", "ipu:0"], "--device: expected a device present on this machine (cpu, "),
         (["opt_cpu"], "target 'opt_cpu' claims none of the devices present here (cpu, "),
     ],
 )
@@ -75,14 +79,17 @@ def test_bad_input_is_refused_with_exit_2_naming_what_was_expected(site, capsys,
 
 
 def test_a_builder_that_raises_fails_its_cases_with_the_error_quoted(site, capsys):
-    site.backend("acme", """
+    site.backend(
+        "acme",
+        """
 register_detector("acme", lambda device: device.type == "cpu")
 
 def build_rms_norm(x, weight, *, normalized_shape, eps):
     raise NotImplementedError(f"acme has no RMSNorm for {x.dtype} yet")
 
 register_kernel_builder("RMSNormFwdOp", "acme", build_rms_norm)
-""")
+""",
+    )
     assert cli.main(["check", "acme", "--scale", "tiny", "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
     table = rows(payload, "check")
@@ -98,12 +105,10 @@ NOT_CLAIMED = (
 )
 
 
-def test_check_runs_a_target_on_a_device_its_detector_does_not_claim_and_says_so(
-        site, capsys, tmp_path):
+def test_check_runs_a_target_on_a_device_its_detector_does_not_claim_and_says_so(site, capsys, tmp_path):
     site.backend("opt_cpu", OPT_IN)
     report = tmp_path / "check.json"
-    assert cli.main(["check", "opt_cpu", "--device", "cpu", "--scale", "tiny",
-                     "--json", str(report)]) == 0
+    assert cli.main(["check", "opt_cpu", "--device", "cpu", "--scale", "tiny", "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert NOT_CLAIMED in out  # the table's line
     payload = json.loads(report.read_text())
@@ -115,8 +120,7 @@ def test_check_runs_a_target_on_a_device_its_detector_does_not_claim_and_says_so
 
 def test_check_of_a_claimed_device_says_nothing_about_claims(site, capsys):
     site.install("tileops-backend-acme", {"acme_cpu": "tileops_acme"}, {"tileops_acme": MIXED})
-    assert cli.main(["check", "acme_cpu", "--ops", "RMSNormFwdOp", "--device", "cpu",
-                     "--scale", "tiny", "--json"]) == 0
+    assert cli.main(["check", "acme_cpu", "--ops", "RMSNormFwdOp", "--device", "cpu", "--scale", "tiny", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["claimed"] is True
     assert not any("not claimed" in note for note in payload["tables"]["check"]["notes"])
@@ -125,18 +129,25 @@ def test_check_of_a_claimed_device_says_nothing_about_claims(site, capsys):
 @pytest.mark.parametrize(
     ("kernel", "failure"),
     [
-        ("lambda x, w: (torch.nn.functional.rms_norm(x.float(), tuple(normalized_shape), "
-         "w.float(), eps) + 0.05).to(x.dtype)", "max abs error"),
-        ("lambda x, w: (_ for _ in ()).throw(NotImplementedError('opt_cpu has no RMSNorm here'))",
-         "NotImplementedError: opt_cpu has no RMSNorm here"),
+        (
+            "lambda x, w: (torch.nn.functional.rms_norm(x.float(), tuple(normalized_shape), "
+            "w.float(), eps) + 0.05).to(x.dtype)",
+            "max abs error",
+        ),
+        (
+            "lambda x, w: (_ for _ in ()).throw(NotImplementedError('opt_cpu has no RMSNorm here'))",
+            "NotImplementedError: opt_cpu has no RMSNorm here",
+        ),
     ],
     ids=["wrong", "raising"],
 )
-def test_an_unclaimed_target_whose_kernels_fail_still_fails_check_with_exit_1(
-        site, capsys, kernel, failure):
-    site.backend("opt_cpu", OPT_IN.replace(
-        "return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)",
-        f"return {kernel}"))
+def test_an_unclaimed_target_whose_kernels_fail_still_fails_check_with_exit_1(site, capsys, kernel, failure):
+    site.backend(
+        "opt_cpu",
+        OPT_IN.replace(
+            "return lambda x, w: torch.nn.functional.rms_norm(x, tuple(normalized_shape), w, eps)", f"return {kernel}"
+        ),
+    )
     assert cli.main(["check", "opt_cpu", "--device", "cpu", "--scale", "tiny", "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
     table = rows(payload, "check")

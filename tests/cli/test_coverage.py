@@ -41,9 +41,9 @@ def test_coverage_without_transformers_refuses_and_says_what_to_install(kit_site
     blocked = block(tmp_path / "blocked", "transformers")
     run = run_cli("coverage", "acme_cpu", "--model", str(LLAMA), site=kit_site, path=(blocked,))
     assert run.returncode == 2, output(run)
-    assert run.stderr.startswith(
-        "tileops coverage: error: coverage needs transformers, which is not installed here"
-    ), output(run)
+    assert run.stderr.startswith("tileops coverage: error: coverage needs transformers, which is not installed here"), (
+        output(run)
+    )
     assert "pip install 'tileops[transformers]'" in run.stderr
 
 
@@ -55,6 +55,8 @@ def test_an_unknown_model_type_is_refused_with_the_closest_types(site, capsys):
     site.backend("acme", good("acme"))
     assert cli.main(["coverage", "acme", "--model", "lama"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tileops coverage: error: --model: expected a config.json path, a "
-                          "folder holding one, or a transformers model type")
+    assert err.startswith(
+        "tileops coverage: error: --model: expected a config.json path, a "
+        "folder holding one, or a transformers model type"
+    )
     assert "got 'lama'" in err and "'llama'" in err

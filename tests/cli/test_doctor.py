@@ -27,13 +27,17 @@ def test_doctor_reports_a_misspelt_op_name_and_a_protocol_mismatch(kit_site, tmp
     payload = json.loads(report.read_text())
     (stray,) = rows(payload, "undeclared_ops")
     assert (stray["op name"], stray["target"], stray["did you mean"]) == (
-        "GemmOp", "typo_cpu", "did you mean 'GemmFwdOp'?")
+        "GemmOp",
+        "typo_cpu",
+        "did you mean 'GemmFwdOp'?",
+    )
     (failure,) = rows(payload, "load_failures")
     ours = f"{PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}"
     assert failure["entry point"] == "future_cpu"
     assert failure["cause"].startswith(
         "future_cpu (tileops_future): BackendError: tileops_future was written for tileops "
-        f"backend protocol 99.0, but this tileops speaks protocol {ours}")
+        f"backend protocol 99.0, but this tileops speaks protocol {ours}"
+    )
     installed = {r["entry point"]: r for r in rows(payload, "backends")}
     assert installed["acme_cpu"]["distribution"] == "tileops-backend-acme"
     assert installed["acme_cpu"]["version"] == "0.1"
@@ -65,14 +69,20 @@ def test_doctor_names_a_target_that_claims_no_device_present_and_how_to_run_it(s
     site.backend("acme", good("acme"))  # an opt-in backend: legal, so no problem
     assert cli.main(["doctor", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["tables"]["detectors"]["notes"]
-    assert ("acme: claims none of the devices present; its ops run only where a program names "
-            "it (target='acme' or set_default_target), and `tileops check acme --device D` "
-            "checks it on D") in notes
+    assert (
+        "acme: claims none of the devices present; its ops run only where a program names "
+        "it (target='acme' or set_default_target), and `tileops check acme --device D` "
+        "checks it on D"
+    ) in notes
 
 
 def test_doctor_counts_a_raising_detector_as_a_problem(site, capsys):
-    site.backend("acme", good("acme").replace(
-        "lambda device: False", "lambda device: (_ for _ in ()).throw(RuntimeError('no runtime'))"))
+    site.backend(
+        "acme",
+        good("acme").replace(
+            "lambda device: False", "lambda device: (_ for _ in ()).throw(RuntimeError('no runtime'))"
+        ),
+    )
     assert cli.main(["doctor", "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
     (row,) = rows(payload, "detectors")

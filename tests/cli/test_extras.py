@@ -20,8 +20,7 @@ def test_importing_tileops_and_its_cli_imports_none_of_the_optional_packages():
         "import sys, tileops, tileops.cli; "
         "print(sorted(m for m in ('rich', 'matplotlib', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -39,7 +38,11 @@ def test_a_table_prints_plain_when_stdout_is_not_a_terminal(capsys):
     table.add("RMSNormFwdOp", 0.5)
     show([table])
     assert capsys.readouterr().out.splitlines() == [
-        "title", "op            worst", "------------  -----", "RMSNormFwdOp  0.5"]
+        "title",
+        "op            worst",
+        "------------  -----",
+        "RMSNormFwdOp  0.5",
+    ]
 
 
 def test_every_command_has_help():

@@ -16,8 +16,7 @@ from ._kit import as_json, output, run_cli
 @pytest.mark.subprocess
 def test_profile_machine_writes_a_profile_bench_can_read(tmp_path):
     out = tmp_path / "machine.yaml"
-    run = run_cli("profile-machine", "--out", str(out), "--mib", "8", "--repeats", "2",
-                  "--ms", "5", "--json")
+    run = run_cli("profile-machine", "--out", str(out), "--mib", "8", "--repeats", "2", "--ms", "5", "--json")
     assert run.returncode == 0, output(run)
     payload = as_json(run)
     profile = yaml.safe_load(out.read_text())
@@ -84,8 +83,7 @@ class _NoBf16:
         raise AssertionError("profile-machine must not run a probe the CPU lacks")
 
 
-def test_a_cpu_without_avx512_bf16_gets_bf16_reported_unavailable_not_an_error(
-        tmp_path, monkeypatch, capsys):
+def test_a_cpu_without_avx512_bf16_gets_bf16_reported_unavailable_not_an_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(_C, "machine", _NoBf16)
     out = tmp_path / "m.yaml"
     assert cli.main(["profile-machine", "--out", str(out), "--repeats", "1", "--json"]) == 0

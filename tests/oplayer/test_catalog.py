@@ -73,7 +73,7 @@ def test_forward_takes_the_manifest_inputs_with_trailing_optional_ones_defaultin
     # then upstream's trailing forward arguments, if any (accepted, not needed)
     unused = list(entry.upstream.forward) if entry.upstream else []
     assert [p.name for p in params] == [*entry.input_names(), *unused]
-    assert all(p.default is None for p in params[len(entry.inputs):])
+    assert all(p.default is None for p in params[len(entry.inputs) :])
     trailing = [all(d.optional for d in entry.inputs[i:]) for i in range(len(entry.inputs))]
     for decl, p, last in zip(entry.inputs, params, trailing):
         # an optional input defaults to None unless a required one follows it

@@ -144,9 +144,7 @@ def test_a_tensor_subclass_input_takes_the_custom_op_route(cpu_target):
     x = torch.randn(2, 8).as_subclass(Logged)
     out = SiluFwdOp()(x)
     assert any("silu_fwd" in name for name in seen)
-    torch.testing.assert_close(
-        out.as_subclass(torch.Tensor), torch.nn.functional.silu(x.as_subclass(torch.Tensor))
-    )
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), torch.nn.functional.silu(x.as_subclass(torch.Tensor)))
 
 
 def test_in_place_ops_trace_as_a_mutating_custom_op(cpu_target):

@@ -68,9 +68,7 @@ def test_an_unknown_kernel_map_role_is_rejected():
 
 
 def test_a_wrong_dtype_never_reaches_the_builder(cpu_target):
-    with pytest.raises(
-        ValueError, match=r"input 'x' expects dtype float16 \| bfloat16, got torch.float32"
-    ):
+    with pytest.raises(ValueError, match=r"input 'x' expects dtype float16 \| bfloat16, got torch.float32"):
         RMSNormFwdOp(normalized_shape=(8,))(torch.randn(2, 8), torch.randn(8))
     assert cpu_target.builds == [] and cpu_target.calls == []
 
@@ -90,9 +88,7 @@ def test_a_non_tensor_input_is_a_type_error_naming_it(cpu_target):
 
 def test_inputs_on_two_devices_are_rejected(cpu_target, meta_target):
     with pytest.raises(ValueError, match="one device"):
-        RMSNormFwdOp(normalized_shape=(8,))(
-            half(2, 8), torch.empty(8, dtype=torch.float16, device="meta")
-        )
+        RMSNormFwdOp(normalized_shape=(8,))(half(2, 8), torch.empty(8, dtype=torch.float16, device="meta"))
     assert cpu_target.builds == [] and meta_target.builds == []
 
 

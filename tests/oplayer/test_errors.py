@@ -89,8 +89,7 @@ def test_builtin_on_a_device_another_target_claims_says_so():
     with pytest.raises(ValueError) as info:
         RMSNormFwdOp(normalized_shape=(64,), target=BUILTIN)(half(4, 64), half(64))
     assert str(info.value) == (
-        "RMSNormKernel is a CUDA kernel; got x on cpu and weight on cpu. "
-        "Another target's backend serves other devices."
+        "RMSNormKernel is a CUDA kernel; got x on cpu and weight on cpu. Another target's backend serves other devices."
     )
 
 
@@ -104,9 +103,7 @@ def test_a_kernel_returning_the_wrong_shape_is_a_backend_error_and_is_not_kept()
     register_kernel_builder("SoftmaxFwdOp", "sloppy", lambda x, *, dim: lambda x: x[:1].clone())
     op = SoftmaxFwdOp(dim=-1)
     for _ in range(2):
-        with pytest.raises(
-            BackendError, match=r"returned output 'output' as torch.float32 \(1, 3\)"
-        ):
+        with pytest.raises(BackendError, match=r"returned output 'output' as torch.float32 \(1, 3\)"):
             op(torch.randn(2, 3))
     assert op.kernel_cache_stats()["size"] == 0
 
@@ -141,8 +138,6 @@ def test_no_call_reaches_cuda_before_a_target_is_chosen(tmp_path):
         print("cold")
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "cold"

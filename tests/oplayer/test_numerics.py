@@ -28,9 +28,7 @@ def test_the_harness_catches_a_wrong_kernel(cpu_target):
 
     register_detector("wrong", lambda d: d.type == "meta")
     case = harness.cases(None, ops=["SoftmaxFwdOp"], edge_cases=False)[0]
-    register_kernel_builder(
-        "SoftmaxFwdOp", "wrong", lambda x, *, dim: lambda x: (x * 2).softmax(dim)
-    )
+    register_kernel_builder("SoftmaxFwdOp", "wrong", lambda x, *, dim: lambda x: (x * 2).softmax(dim))
     broken = case.__class__(**{**case.__dict__, "target": "wrong", "device": "cpu"})
     # "wrong" does not claim cpu, but target= names it explicitly: its kernel runs.
     with pytest.raises(AssertionError, match="max abs error"):

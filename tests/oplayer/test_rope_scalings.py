@@ -23,8 +23,9 @@ PLAIN = 1.0 / (BASE ** (torch.arange(HALF, dtype=torch.float32) / HALF))
 
 
 def test_llama31_keeps_short_wavelengths_divides_long_ones_and_blends_between():
-    f = llama31_inv_freq(HALF, BASE, scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                         original_max_position=8192)
+    f = llama31_inv_freq(
+        HALF, BASE, scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
+    )
     wavelength = 2 * math.pi / PLAIN
     short, long = wavelength < 8192 / 4.0, wavelength > 8192 / 1.0
     assert short.any() and long.any() and (~short & ~long).any()
@@ -67,11 +68,23 @@ def test_longrope_scales_cos_and_sin_only_beyond_the_original_context():
     assert longrope_factor(4096, 4096) == longrope_factor(2048, 4096) == 1.0
     assert math.isclose(longrope_factor(131072, 4096), math.sqrt(1 + math.log(32) / math.log(4096)))
     x = torch.randn(64, 2 * HALF)
-    plain = reference("RopeLongRopeFwdOp")(x, layout="1d", base=BASE, rescale_factors=None,
-                                           max_position_embeddings=4096, original_max_position_embeddings=4096)
+    plain = reference("RopeLongRopeFwdOp")(
+        x,
+        layout="1d",
+        base=BASE,
+        rescale_factors=None,
+        max_position_embeddings=4096,
+        original_max_position_embeddings=4096,
+    )
     torch.testing.assert_close(plain, reference("RopeNeoxFwdOp")(x, layout="1d", base=BASE))
-    longer = reference("RopeLongRopeFwdOp")(x, layout="1d", base=BASE, rescale_factors=None,
-                                            max_position_embeddings=131072, original_max_position_embeddings=4096)
+    longer = reference("RopeLongRopeFwdOp")(
+        x,
+        layout="1d",
+        base=BASE,
+        rescale_factors=None,
+        max_position_embeddings=131072,
+        original_max_position_embeddings=4096,
+    )
     torch.testing.assert_close(longer, plain * longrope_factor(131072, 4096))  # a rotation, scaled
 
 
@@ -104,9 +117,14 @@ def test_longrope_refuses_a_call_whose_head_dim_does_not_match_its_factors():
 POSITIONAL_FORMS = {
     "RopeNeoxPositionIdsFwdOp": ("RopeNeoxFwdOp", {}),
     "RopeNonNeoxPositionIdsFwdOp": ("RopeNonNeoxFwdOp", {}),
-    "RopeLongRopePositionIdsFwdOp": ("RopeLongRopeFwdOp", dict(
-        rescale_factors=tuple(1.0 + k for k in range(16)), max_position_embeddings=8192,
-        original_max_position_embeddings=2048)),
+    "RopeLongRopePositionIdsFwdOp": (
+        "RopeLongRopeFwdOp",
+        dict(
+            rescale_factors=tuple(1.0 + k for k in range(16)),
+            max_position_embeddings=8192,
+            original_max_position_embeddings=2048,
+        ),
+    ),
 }
 
 
@@ -131,9 +149,10 @@ def test_longrope_with_factors_compiles_to_one_custom_op_call_that_matches_eager
 @pytest.mark.subprocess
 def test_the_rope_tables_load_without_the_op_layer():
     """A backend's builders take their tables from here without loading the op catalog."""
-    script = ("import sys, tileops.rope_tables; heavy = ('tileops.ops', 'tileops.manifest', 'yaml'); "
-              "print(sorted(m for m in sys.modules if m.startswith(heavy)))")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    script = (
+        "import sys, tileops.rope_tables; heavy = ('tileops.ops', 'tileops.manifest', 'yaml'); "
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -50,9 +50,7 @@ def parameters(text: str) -> list[tuple[str, Any, bool]]:
     args = ast.parse(f"def f({text}): pass").body[0].args
     defaults = [None] * (len(args.args) - len(args.defaults)) + args.defaults
     out = [(a.arg, d and ast.unparse(d), False) for a, d in zip(args.args, defaults)]
-    return out + [
-        (a.arg, d and ast.unparse(d), True) for a, d in zip(args.kwonlyargs, args.kw_defaults)
-    ]
+    return out + [(a.arg, d and ast.unparse(d), True) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
 
 
 def upstream_parameters(upstream: manifest.Upstream) -> list[tuple[str, Any, bool]]:
@@ -107,9 +105,7 @@ class Form:
     dims: dict[str, int]  # upstream's shape arguments, as passed
 
     def inputs(self) -> list[torch.Tensor | None]:
-        case = harness.Case(
-            self.op, "upstream-form", dict(self.shapes), dict(self.params), BF16, None, "cpu"
-        )
+        case = harness.Case(self.op, "upstream-form", dict(self.shapes), dict(self.params), BF16, None, "cpu")
         return harness.make_inputs(case, torch.Generator().manual_seed(7))
 
     def build(self, which: str, target: str, **change: Any):
@@ -213,22 +209,15 @@ def test_an_op_built_as_upstream_writes_it_computes_what_our_form_computes(form,
     assert upstream_params == our_params  # a builder cannot tell the forms apart
 
 
-@pytest.mark.parametrize(
-    ("form", "name"), [(f, n) for f in FORMS for n in f.dims], ids=lambda x: getattr(x, "op", x)
-)
-def test_a_call_that_contradicts_an_upstream_shape_argument_is_refused_naming_it(
-    form, name, cpu_target
-):
+@pytest.mark.parametrize(("form", "name"), [(f, n) for f in FORMS for n in f.dims], ids=lambda x: getattr(x, "op", x))
+def test_a_call_that_contradicts_an_upstream_shape_argument_is_refused_naming_it(form, name, cpu_target):
     wrong = 2 * form.dims[name]
     op = form.build("upstream", cpu_target.name, **{name: wrong})
     with pytest.raises(ValueError) as info:
         op(*form.inputs())
     text = str(info.value)
     assert text.startswith(f"{form.op}: constructed with {name}={wrong}, but this call has ")
-    assert (
-        f"= {form.dims[name]}. Construct the op with {name}={form.dims[name]}, or pass inputs"
-        in text
-    )
+    assert f"= {form.dims[name]}. Construct the op with {name}={form.dims[name]}, or pass inputs" in text
     assert cpu_target.builds == []
 
 
@@ -245,9 +234,7 @@ def test_a_shape_argument_is_checked_on_a_miss_only_as_shapes_are_in_the_memo_ke
 def test_upstreams_dtype_argument_must_be_the_calls_dtype_float16_by_default(cpu_target):
     form = BY_OP["GroupedQueryAttentionPrefillFwdOp"]
     (args, kwargs) = form.upstream
-    default = ops.GroupedQueryAttentionPrefillFwdOp(
-        *args, target=cpu_target.name
-    )  # dtype=torch.float16
+    default = ops.GroupedQueryAttentionPrefillFwdOp(*args, target=cpu_target.name)  # dtype=torch.float16
     with pytest.raises(ValueError) as info:
         default(*form.inputs())
     assert str(info.value) == (
@@ -259,9 +246,7 @@ def test_upstreams_dtype_argument_must_be_the_calls_dtype_float16_by_default(cpu
     op = ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
         *paged.upstream[0], cache_dtype=torch.float16, target=cpu_target.name
     )
-    with pytest.raises(
-        ValueError, match=r"constructed with cache_dtype=torch.float16, but this call's k_pages is"
-    ):
+    with pytest.raises(ValueError, match=r"constructed with cache_dtype=torch.float16, but this call's k_pages is"):
         op(*paged.inputs())
     assert cpu_target.builds == []
 
@@ -314,9 +299,7 @@ def test_upstreams_dtype_argument_must_be_the_calls_dtype_float16_by_default(cpu
     ],
     ids=lambda x: x if isinstance(x, str) and x.endswith("Op") else None,
 )
-def test_an_upstream_argument_that_would_change_the_result_is_refused_at_construction(
-    op, args, kwargs, refused
-):
+def test_an_upstream_argument_that_would_change_the_result_is_refused_at_construction(op, args, kwargs, refused):
     with pytest.raises(ValueError) as info:
         getattr(ops, op)(*args, **kwargs)
     assert str(info.value).startswith(f"{op}: ") and refused in str(info.value)
@@ -339,9 +322,7 @@ def test_upstream_knobs_that_compute_the_same_are_accepted(cpu_target):
             )
             torch.testing.assert_close(op(*form.inputs()), want, rtol=0, atol=0)
     paged = BY_OP["GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp"]
-    ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
-        *paged.upstream[0], rope_base=5e5, max_position=4096
-    )
+    ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(*paged.upstream[0], rope_base=5e5, max_position=4096)
 
 
 def test_upstreams_trailing_forward_arguments_are_accepted(cpu_target):
@@ -371,13 +352,8 @@ def test_an_incomplete_upstream_form_names_what_is_missing_and_the_form():
     with pytest.raises(TypeError) as info:
         ops.GroupedQueryAttentionPrefillFwdOp(B, H, HKV, D, 8)
     text = str(info.value)
-    assert (
-        "max_seqlen_kv" in text
-        and "upstream TileOPs' form GroupedQueryAttentionPrefillFwdOp(batch, heads" in text
-    )
-    with pytest.raises(
-        ValueError, match=r"heads must be a positive int \(upstream's shape argument"
-    ):
+    assert "max_seqlen_kv" in text and "upstream TileOPs' form GroupedQueryAttentionPrefillFwdOp(batch, heads" in text
+    with pytest.raises(ValueError, match=r"heads must be a positive int \(upstream's shape argument"):
         ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(B, 0, HKV, 48, D, PAGE)
 
 
@@ -386,9 +362,7 @@ def test_our_params_upstream_lacks_are_taken_by_keyword_in_upstreams_form(cpu_ta
     op = ops.GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(*form.upstream[0], window_size_left=3)
     assert op.params["window_size_left"] == 3 and op.extras["seqlen_kv"] == B * PAGES * PAGE
     paged = ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(B, H, HKV, PAGES, PAGE, D)
-    assert (
-        paged.params["max_seqlen_q"] == PAGES * PAGE
-    )  # upstream passes it to forward(); a chunk fits its pages
+    assert paged.params["max_seqlen_q"] == PAGES * PAGE  # upstream passes it to forward(); a chunk fits its pages
 
 
 def test_a_compiled_call_is_checked_against_upstreams_arguments_as_an_eager_one(cpu_target):
@@ -397,12 +371,8 @@ def test_a_compiled_call_is_checked_against_upstreams_arguments_as_an_eager_one(
     wrong = form.build("upstream", cpu_target.name, seq_len=12)
     inputs = form.inputs()
     eager = right(*inputs)
-    torch.testing.assert_close(
-        torch.compile(right, fullgraph=True, backend="eager")(*inputs), eager
-    )
-    with pytest.raises(
-        ValueError, match=r"constructed with seq_len=12, but this call has q.shape\[1\] = 6"
-    ):
+    torch.testing.assert_close(torch.compile(right, fullgraph=True, backend="eager")(*inputs), eager)
+    with pytest.raises(ValueError, match=r"constructed with seq_len=12, but this call has q.shape\[1\] = 6"):
         torch.compile(wrong, fullgraph=True, backend="eager")(*inputs)
 
 
@@ -450,9 +420,7 @@ def test_moe_ops_take_upstreams_trailing_arguments_by_position(cpu_target):
         activation="gelu_and_mul",
         target=cpu_target.name,
     )
-    ours = ops.FusedMoeFwdOp(
-        2, e, 2, h, f, "softmax", True, 1.0, activation="gelu_and_mul", target=cpu_target.name
-    )
+    ours = ops.FusedMoeFwdOp(2, e, 2, h, f, "softmax", True, 1.0, activation="gelu_and_mul", target=cpu_target.name)
     assert moe.params == ours.params
     weights = (torch.randn(e, 2 * f, h).bfloat16(), torch.randn(e, h, f).bfloat16())
     args = (torch.randn(2, h).bfloat16(), torch.randn(2, e), *weights)

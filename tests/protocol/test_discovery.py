@@ -123,10 +123,7 @@ def test_discovery_runs_once_per_process(site):
 def test_concurrent_first_reads_discover_once_and_all_see_the_whole_registry(site):
     site.backend("acme", "import time\ntime.sleep(0.3)\n" + good("acme"))
     seen: list = []
-    readers = [
-        threading.Thread(target=lambda: seen.append(registered_targets()), daemon=True)
-        for _ in range(4)
-    ]
+    readers = [threading.Thread(target=lambda: seen.append(registered_targets()), daemon=True) for _ in range(4)]
     for reader in readers:
         reader.start()
     for reader in readers:

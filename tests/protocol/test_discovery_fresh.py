@@ -65,9 +65,7 @@ report(
 @pytest.fixture(scope="module")
 def first_op(tmp_path_factory):
     site = Site(tmp_path_factory.mktemp("b1") / "site")
-    site.install(
-        "tileops_backend_example", {"torch_cpu": "tileops_cpu"}, {"tileops_cpu": TORCH_CPU}
-    )
+    site.install("tileops_backend_example", {"torch_cpu": "tileops_cpu"}, {"tileops_cpu": TORCH_CPU})
     # Discovery lists only this site's entry points (robust to whatever else the
     # environment has installed); nothing is read before the script's first op.
     return run_fresh(_FIRST_OP.format(log=str(site.log_path)), site=site)

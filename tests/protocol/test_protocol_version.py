@@ -65,6 +65,7 @@ def test_a_malformed_declaration_is_a_load_failure_saying_what_is_expected(site,
         warnings.simplefilter("ignore")
         registered_targets()
     (line,) = load_failures()
-    assert line.startswith("acme (acme): BackendError: acme.TILEOPS_PROTOCOL_VERSION must be a "
-                           "(major, minor) pair of non-negative ints")
+    assert line.startswith(
+        "acme (acme): BackendError: acme.TILEOPS_PROTOCOL_VERSION must be a (major, minor) pair of non-negative ints"
+    )
     assert registered_targets() == []

@@ -82,9 +82,7 @@ def test_target_builtin_in_the_constructor_beats_the_process_default(three_targe
     assert calls == ["in-tree"]
 
 
-def test_target_builtin_forces_the_in_tree_kernel_although_a_target_claims_the_cpu(
-    three_targets, calls
-):
+def test_target_builtin_forces_the_in_tree_kernel_although_a_target_claims_the_cpu(three_targets, calls):
     op = rms_op(target=BUILTIN)
     with pytest.raises(ValueError) as raised:
         first_call(op)
@@ -92,9 +90,7 @@ def test_target_builtin_forces_the_in_tree_kernel_although_a_target_claims_the_c
     assert calls == [] and op.settled_target is None
 
 
-def test_a_builtin_default_forces_the_in_tree_kernel_although_a_target_claims_the_cpu(
-    three_targets, calls
-):
+def test_a_builtin_default_forces_the_in_tree_kernel_although_a_target_claims_the_cpu(three_targets, calls):
     set_default_target(BUILTIN)
     with pytest.raises(ValueError) as raised:
         first_call(rms_op())
@@ -136,9 +132,7 @@ def test_every_detector_receives_the_inputs_device_object_untouched(device_type)
     register_detector("first", recorder("first", True))
     register_detector("second", recorder("second", False))
     register_detector("third", recorder("third", False))
-    register_kernel_builder(
-        "RMSNormFwdOp", "first", lambda *s, **p: lambda x, w: torch.empty_like(x)
-    )
+    register_kernel_builder("RMSNormFwdOp", "first", lambda *s, **p: lambda x, w: torch.empty_like(x))
     x, w = rms_inputs(device_type)
     rms_op()(x, w)
     (first,), (second,), (third,) = received["first"], received["second"], received["third"]
@@ -151,9 +145,7 @@ def test_exactly_one_claimant_serves_the_call():
     register_detector("on_cpu", claims("cpu"))
     register_detector("on_meta", claims("meta"))
     for target in ("on_cpu", "on_meta"):
-        register_kernel_builder(
-            "RMSNormFwdOp", target, lambda *s, **p: lambda x, w: torch.empty_like(x)
-        )
+        register_kernel_builder("RMSNormFwdOp", target, lambda *s, **p: lambda x, w: torch.empty_like(x))
     on_cpu, on_meta = rms_op(), rms_op()
     on_cpu(*rms_inputs("cpu"))
     on_meta(*rms_inputs("meta"))

@@ -116,8 +116,7 @@ def test_load_failures_has_one_line_per_failure_in_the_documented_format(site):
     assert load_failures() == [
         "broken (broken_mod): ValueError: kaput",
         "ghost (no_such_module): ModuleNotFoundError: No module named 'no_such_module'",
-        "needs_dep (needs_dep_mod:thing): ModuleNotFoundError: "
-        "No module named 'not_installed_anywhere'",
+        "needs_dep (needs_dep_mod:thing): ModuleNotFoundError: No module named 'not_installed_anywhere'",
     ]
 
 
@@ -143,9 +142,7 @@ def test_a_backend_that_fails_midway_registers_nothing(site):
     assert registered_targets("RMSNormFwdOp") == []
     assert registered_targets("SoftmaxFwdOp") == [], "the builders were not rolled back"
     assert default_target() is None, "the default target was not rolled back"
-    assert load_failures() == [
-        "half_done (half_done): RuntimeError: cannot find the device firmware"
-    ]
+    assert load_failures() == ["half_done (half_done): RuntimeError: cannot find the device firmware"]
     # No target claims the CPU now: the call goes to the in-tree kernels (CUDA only), and
     # their error does not say another target serves the CPU.
     with pytest.raises(ValueError, match="SoftmaxKernel is a CUDA kernel; got x on cpu.$"):
@@ -259,9 +256,7 @@ def test_an_interrupt_during_discovery_reaches_the_caller_rolls_back_and_leaves_
     assert site.imports_of("a_before") == 1 and site.imports_of("c_after") == 1
 
 
-def test_a_backend_that_failed_before_an_interrupted_import_is_listed_once_after_the_retry(
-    site, tmp_path
-):
+def test_a_backend_that_failed_before_an_interrupted_import_is_listed_once_after_the_retry(site, tmp_path):
     site.backend("a_broken", 'raise ImportError("no driver")')
     site.backend(
         "b_flaky",
@@ -350,17 +345,13 @@ def one_failed(site):
 def test_with_a_failed_backend_an_unknown_target_error_ends_with_the_failure_note(one_failed):
     with pytest.raises(UnknownTargetError) as raised:
         rms_op(target="nope")(*rms_inputs())
-    assert str(raised.value) == (
-        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
-    )
+    assert str(raised.value) == ("no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE)
 
 
 def test_with_a_failed_backend_an_unknown_default_target_ends_with_the_failure_note(one_failed):
     with pytest.raises(UnknownTargetError) as raised:
         set_default_target("nope")
-    assert str(raised.value) == (
-        "no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE
-    )
+    assert str(raised.value) == ("no backend registered target 'nope'; known targets: ['torch_cpu']" + NOTE)
 
 
 def test_with_a_failed_backend_an_ambiguity_error_ends_with_the_failure_note(one_failed):
@@ -418,9 +409,7 @@ DETECTORS = {
 
 
 @pytest.mark.parametrize("behaviour", list(DETECTORS))
-def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained_to_the_cause(
-    site, behaviour
-):
+def test_a_broken_detector_is_a_backend_error_naming_target_and_detector_chained_to_the_cause(site, behaviour):
     site.backend(
         "moody",
         f"""
@@ -497,9 +486,7 @@ def test_a_raising_builder_pins_nothing_and_the_next_call_retries(site, failure)
         op(x())
 
     if failure is RuntimeError:
-        assert notes(info.value) == [
-            "raised by the kernel builder of target 'crashy' for SoftmaxFwdOp"
-        ]
+        assert notes(info.value) == ["raised by the kernel builder of target 'crashy' for SoftmaxFwdOp"]
     assert op.settled_target is None
     assert op.kernel_cache_stats()["size"] == 0
     torch.testing.assert_close(op(t := x()), torch.softmax(t, -1))
@@ -583,6 +570,4 @@ def test_a_raising_kernel_reaches_the_caller_with_the_target_named_in_a_note(sit
         with pytest.raises(ValueError, match=r"no tile config for \(3, 5\)") as info:
             op(x())
         assert type(info.value).__name__ == "TileError", f"{call}: the kernel's own error"
-        assert notes(info.value) == [
-            "raised by the kernel that target 'angry' built for LogSoftmaxFwdOp"
-        ], call
+        assert notes(info.value) == ["raised by the kernel that target 'angry' built for LogSoftmaxFwdOp"], call

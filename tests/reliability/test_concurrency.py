@@ -43,9 +43,7 @@ def run_threads(*jobs: Callable[[], Any], timeout: float = JOIN_S) -> list[Any]:
         except BaseException as error:  # noqa: BLE001 - reported to the test
             results[index] = error
 
-    threads = [
-        threading.Thread(target=runner, args=(i, job), daemon=True) for i, job in enumerate(jobs)
-    ]
+    threads = [threading.Thread(target=runner, args=(i, job), daemon=True) for i, job in enumerate(jobs)]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout
@@ -154,9 +152,7 @@ def test_first_calls_with_different_signatures_build_in_parallel(instances):
         started[rows].set()
         other = 3 - rows
         if not started[other].wait(JOIN_S):
-            raise TimeoutError(
-                f"the build for {other} rows never started while {rows} was building"
-            )
+            raise TimeoutError(f"the build for {other} rows never started while {rows} was building")
         return rms_kernel(str(rows), [])
 
     register_detector("parallel", lambda device: device.type == "meta")
@@ -318,8 +314,7 @@ report(baseline=baseline, waiting=waiting, b_was_waiting=b_was_waiting,
 def test_a_thread_waiting_for_another_threads_build_releases_the_gil(fresh_site):
     result = run_fresh(_GIL_SCRIPT, site=fresh_site, timeout=120, expect_rc=None)
     assert result["_rc"] == 0, (
-        "the interpreter hung or failed: a thread waiting on the memo may keep the GIL\n"
-        + explain(result)
+        "the interpreter hung or failed: a thread waiting on the memo may keep the GIL\n" + explain(result)
     )
     assert result["b_was_waiting"], "B had already finished: the wait was not observed"
     assert result["builds"] == 1
@@ -364,9 +359,7 @@ report(child_exit=os.waitstatus_to_exitcode(status))
 
 def test_a_child_forked_while_a_build_is_in_flight_can_still_call_the_op(fresh_site):
     result = run_fresh(_FORK_SCRIPT, site=fresh_site, timeout=120)
-    assert result["child_exit"] == 0, (
-        f"the forked child exited {result['child_exit']} (-14: stuck, killed by SIGALRM)"
-    )
+    assert result["child_exit"] == 0, f"the forked child exited {result['child_exit']} (-14: stuck, killed by SIGALRM)"
 
 
 # ---- discovery racing ------------------------------------------------------------------

@@ -92,9 +92,7 @@ class Recorder:
             self.builds.append((name, specs))
 
             def kernel(*tensors: torch.Tensor | None) -> Any:
-                self.kernel_calls.append(
-                    (name, tuple(t is None or t.is_contiguous() for t in tensors))
-                )
+                self.kernel_calls.append((name, tuple(t is None or t.is_contiguous() for t in tensors)))
                 return run_reference(name, reference, tensors, params)
 
             return kernel
@@ -184,8 +182,7 @@ def seeds(draw: st.DrawFn, op: str) -> Call:
     if first:
         lead = draw(st.sampled_from([first[0], 0, 1]))
         resized = {
-            k: None if v is None else ((lead, *v[1:]) if v and v[0] == first[0] else v)
-            for k, v in shapes.items()
+            k: None if v is None else ((lead, *v[1:]) if v and v[0] == first[0] else v) for k, v in shapes.items()
         }
         if _is_valid(entry, resized, params, dtype):
             shapes = resized
@@ -231,16 +228,12 @@ def mutated(draw: st.DrawFn, op: str) -> Call:
             name = draw(st.sampled_from(sorted(call.ctor)))
             call.ctor[name] = draw(st.sampled_from(HOSTILE_PARAMS))
         elif kind == "gqa_scale" and "dim" in call.ctor and "heads_kv" in call.ctor:
-            call.ctor[draw(st.sampled_from(["sm_scale", "softcap"]))] = draw(
-                st.sampled_from([0.5, 30.0, -1.0, "x"])
-            )
+            call.ctor[draw(st.sampled_from(["sm_scale", "softcap"]))] = draw(st.sampled_from([0.5, 30.0, -1.0, "x"]))
         elif kind == "garbage" and call.args:
             at = draw(st.integers(0, len(call.args) - 1))
             call.args[at] = ("garbage", draw(st.sampled_from(GARBAGE)))
         elif kind == "all_meta" and tensors:
-            call.args = [
-                (a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in call.args
-            ]
+            call.args = [(a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in call.args]
         elif tensors:
             at = draw(st.sampled_from(tensors))
             _, shape, dtype, device, contiguous = call.args[at]
@@ -253,11 +246,7 @@ def mutated(draw: st.DrawFn, op: str) -> Call:
                 sizes = [0, 1, 2, 3, 7] + (HUGE if device == META and others_small else [])
                 shape = shape[:i] + (draw(st.sampled_from(sizes)),) + shape[i + 1 :]
             elif kind == "rank":
-                shape = (
-                    shape[1:]
-                    if shape and draw(st.booleans())
-                    else (draw(st.integers(1, 3)),) + shape
-                )
+                shape = shape[1:] if shape and draw(st.booleans()) else (draw(st.integers(1, 3)),) + shape
             elif kind == "device":
                 device = META if device == CPU else CPU
                 if device == CPU and any(d > 64 for d in shape):
@@ -349,9 +338,7 @@ def with_valid_indices(entry: manifest.OpEntry, args: list[Any], params: dict) -
 
 def reference_outputs(op: str, entry: manifest.OpEntry, args: list[Any], params: dict) -> list:
     """(dtype, shape) of each output, from torch's reference on meta copies of the inputs."""
-    metas = tuple(
-        None if a is None else torch.empty(a.shape, dtype=a.dtype, device=META) for a in args
-    )
+    metas = tuple(None if a is None else torch.empty(a.shape, dtype=a.dtype, device=META) for a in args)
     result = run_reference(op, references.reference(op), metas, params)
     outs = result if isinstance(result, tuple) else (result,)
     return [(o.dtype, tuple(o.shape)) for o in outs]
@@ -399,21 +386,15 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
     except Exception as error:  # noqa: BLE001 - classified below
         if recorder.builds:
             raise AssertionError(
-                f"{context}: validation let the call through to the builder, then "
-                f"{type(error).__name__}: {error}"
+                f"{context}: validation let the call through to the builder, then {type(error).__name__}: {error}"
             ) from error
         allowed = ALLOWED + ((OpNotAvailableError,) if scored else ())
         assert isinstance(error, allowed), f"{context}: {type(error).__name__}: {error}"
-        assert op_name in str(error) or "forward()" in str(error), (
-            f"{context}: the error does not name the op: {error}"
-        )
+        assert op_name in str(error) or "forward()" in str(error), f"{context}: the error does not name the op: {error}"
         outcome(f"refused by the call: {type(error).__name__}")
         return
 
-    outcome(
-        "accepted on "
-        + ("meta" if any(isinstance(a, torch.Tensor) and a.device == META for a in args) else "cpu")
-    )
+    outcome("accepted on " + ("meta" if any(isinstance(a, torch.Tensor) and a.device == META for a in args) else "cpu"))
     # Accepted. Optional inputs left out reach the builder and the kernel as None.
     assert problems == [], f"{context}: accepted although {problems}"
     slots = args + [None] * (len(entry.inputs) - len(args))
@@ -441,9 +422,7 @@ def check_one(op_name: str, call: Call, recorder: Recorder) -> None:
         want = references.reference(op_name)(*padded, **params)
         want = want if isinstance(want, tuple) else (want,)
         for got, wanted in zip(outs, want):
-            torch.testing.assert_close(
-                got, wanted, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{context}: {m}"
-            )
+            torch.testing.assert_close(got, wanted, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{context}: {m}")
     if op.params.get("inplace"):
         return
 
@@ -482,8 +461,7 @@ def test_structurally_broken_calls_never_reach_the_builder(op_name, recorder):
         "a non-tensor first input": [("garbage", 3.0)] + base.args[1:],
         "two devices": [base.args[0]]
         + [(a[0], a[1], a[2], META, a[4]) if a[0] == "tensor" else a for a in base.args[1:]],
-        "a dtype outside the declared set": [("tensor", base.args[0][1], torch.float64, CPU, True)]
-        + base.args[1:],
+        "a dtype outside the declared set": [("tensor", base.args[0][1], torch.float64, CPU, True)] + base.args[1:],
     }
     if sum(a[0] == "tensor" for a in base.args) < 2:
         del cases["two devices"]
@@ -521,16 +499,12 @@ def _valid_call(op: str) -> Call:
     ],
     ids=["rms_norm", "softmax", "gemm", "add"],
 )
-def test_huge_dims_on_the_meta_device_are_validated_and_served_without_allocating(
-    recorder, op_name, ctor, shapes
-):
+def test_huge_dims_on_the_meta_device_are_validated_and_served_without_allocating(recorder, op_name, ctor, shapes):
     dtype = F16
     args = [torch.empty(shape, dtype=dtype, device=META) for shape in shapes]
     out = OPS[op_name](**ctor)(*args)
     assert len(recorder.builds) == 1
-    expected = reference_outputs(
-        op_name, manifest.entry(op_name), args, call_params_of(OPS[op_name](**ctor), args)
-    )
+    expected = reference_outputs(op_name, manifest.entry(op_name), args, call_params_of(OPS[op_name](**ctor), args))
     assert [(out.dtype, tuple(out.shape))] == expected and out.device == META
 
 
@@ -545,12 +519,8 @@ def test_an_amax_over_an_empty_dim_is_rejected_before_the_backend(recorder, shap
     assert recorder.builds == []
 
 
-@pytest.mark.parametrize(
-    ("dtype", "alpha"), [(torch.int32, 2**40), (torch.uint8, 300), (torch.float16, 2**40)]
-)
-def test_an_add_alpha_the_input_dtype_cannot_hold_is_rejected_before_the_backend(
-    recorder, dtype, alpha
-):
+@pytest.mark.parametrize(("dtype", "alpha"), [(torch.int32, 2**40), (torch.uint8, 300), (torch.float16, 2**40)])
+def test_an_add_alpha_the_input_dtype_cannot_hold_is_rejected_before_the_backend(recorder, dtype, alpha):
     op = OPS["AddFwdOp"](alpha=alpha)
     with pytest.raises(ValueError, match="alpha"):
         op(torch.zeros(2, 3, dtype=dtype), torch.zeros(2, 3, dtype=dtype))
@@ -581,9 +551,7 @@ def test_a_group_norm_call_that_validation_accepts_is_one_its_reference_computes
     ],
     ids=["gemm", "add"],
 )
-def test_a_call_whose_output_could_not_exist_is_rejected_before_the_backend(
-    recorder, op_name, ctor, shapes
-):
+def test_a_call_whose_output_could_not_exist_is_rejected_before_the_backend(recorder, op_name, ctor, shapes):
     args = [torch.empty(shape, dtype=F16, device=META) for shape in shapes]
     op = OPS[op_name](**ctor)
     with pytest.raises(ValueError, match=op_name):
@@ -631,8 +599,7 @@ def value_rule_breakers(entry: manifest.OpEntry, shapes: dict, params: dict, inp
             page_size, num_pages = scalars
             table, lengths = t, rule.tensors[1:]
             tokens = sum(
-                (inputs[n][1:] - inputs[n][:-1]) if len(inputs[n]) == len(table) + 1 else inputs[n]
-                for n in lengths
+                (inputs[n][1:] - inputs[n][:-1]) if len(inputs[n]) == len(table) + 1 else inputs[n] for n in lengths
             )
             used = int(torch.nonzero(tokens > 0)[0, 0]) if bool((tokens > 0).any()) else None
             if used is not None:

@@ -38,4 +38,6 @@ def test_a_token_that_differs_at_a_confident_step_fails_naming_row_and_step():
 
 def test_shapes_that_do_not_line_up_are_refused():
     with pytest.raises(ValueError, match=r"\[batch, steps\]"):
-        check_greedy_agreement(logits([[1.0]]), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), 0.1)
+        check_greedy_agreement(
+            logits([[1.0]]), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long), 0.1
+        )

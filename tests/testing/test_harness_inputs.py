@@ -23,8 +23,15 @@ def _inputs(case: harness.Case, full: bool) -> dict[str, torch.Tensor]:
 def test_full_index_inputs_fill_every_block_table_and_vary_otherwise():
     # 4 sequences, block tables of 8 pages of 16, a cache of 16 pages: room for 64 each
     shapes = dict(q=(4, 8, 16), k=(256, 2, 16), v=(256, 2, 16), real_seqlen_kv=(4,), block_table=(4, 8))
-    case = harness.Case("GroupedQueryAttentionDecodePagedWithKVCacheFwdOp", "test", shapes,
-                        dict(page_size=16, sm_scale=None, softcap=None, window_size_left=-1), torch.bfloat16, None, "cpu")
+    case = harness.Case(
+        "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp",
+        "test",
+        shapes,
+        dict(page_size=16, sm_scale=None, softcap=None, window_size_left=-1),
+        torch.bfloat16,
+        None,
+        "cpu",
+    )
     full, varied = _inputs(case, True), _inputs(case, False)
     assert full["real_seqlen_kv"].tolist() == [64] * 4
     assert sorted(full["block_table"][:, :4].flatten().tolist()) == list(range(16))  # every page used once
@@ -57,8 +64,12 @@ def test_cases_leave_out_shapes_where_no_block_table_keeps_the_writes_apart():
     for case in kept + harness.cases(None, ops=[op]):
         args = dict(zip(entry.input_names(), harness.make_inputs(case)))
         page = case.params["page_size"]
-        rows = [int(args["block_table"][b, t // page]) * page + t % page
-                for b in range(len(args["cache_seqlens"]))
-                for t in range(int(args["cache_seqlens"][b]),
-                               int(args["cache_seqlens"][b]) + int(args["cu_seqlens_q"][b + 1] - args["cu_seqlens_q"][b]))]
+        rows = [
+            int(args["block_table"][b, t // page]) * page + t % page
+            for b in range(len(args["cache_seqlens"]))
+            for t in range(
+                int(args["cache_seqlens"][b]),
+                int(args["cache_seqlens"][b]) + int(args["cu_seqlens_q"][b + 1] - args["cu_seqlens_q"][b]),
+            )
+        ]
         assert len(rows) == len(set(rows)), case

@@ -19,9 +19,7 @@ def _spec(*shape, dtype=torch.bfloat16, device=CPU):
 
 def test_a_tensor_on_another_device_is_refused_naming_the_device_and_the_way_out():
     with pytest.raises(ValueError) as caught:
-        tileops_cpu.build_rms_norm(
-            _spec(2, 8, device="meta"), _spec(8), normalized_shape=(8,), eps=1e-6
-        )
+        tileops_cpu.build_rms_norm(_spec(2, 8, device="meta"), _spec(8), normalized_shape=(8,), eps=1e-6)
     assert str(caught.value) == (
         "torch_cpu RMSNormFwdOp: expected every tensor on the CPU; got x on meta; torch_cpu "
         "serves CPU devices only: pass target= a backend that serves meta"
@@ -30,17 +28,12 @@ def test_a_tensor_on_another_device_is_refused_naming_the_device_and_the_way_out
 
 def test_a_dtype_the_kernel_does_not_compute_is_a_type_error():
     with pytest.raises(TypeError) as caught:
-        tileops_cpu.build_gemm(
-            _spec(2, 8, dtype=torch.float32), _spec(3, 8), trans_a=False, trans_b=True
-        )
+        tileops_cpu.build_gemm(_spec(2, 8, dtype=torch.float32), _spec(3, 8), trans_a=False, trans_b=True)
     assert str(caught.value) == (
-        "torch_cpu GemmFwdOp: expected a of float16 | bfloat16; got float32; "
-        "cast it to one of those"
+        "torch_cpu GemmFwdOp: expected a of float16 | bfloat16; got float32; cast it to one of those"
     )
     with pytest.raises(TypeError, match="expected b of a's dtype bfloat16; got float16"):
-        tileops_cpu.build_gemm(
-            _spec(2, 8), _spec(3, 8, dtype=torch.float16), trans_a=False, trans_b=True
-        )
+        tileops_cpu.build_gemm(_spec(2, 8), _spec(3, 8, dtype=torch.float16), trans_a=False, trans_b=True)
 
 
 def test_a_rotary_dim_wider_than_the_head_is_refused():
@@ -55,9 +48,7 @@ def test_a_rotary_dim_wider_than_the_head_is_refused():
 
 def test_query_heads_that_are_no_multiple_of_the_kv_heads_are_refused():
     cu = _spec(3, dtype=torch.int32)
-    with pytest.raises(
-        ValueError, match=r"H a multiple of H_kv; got q \(8, 5, 16\), k \(8, 2, 16\)"
-    ):
+    with pytest.raises(ValueError, match=r"H a multiple of H_kv; got q \(8, 5, 16\), k \(8, 2, 16\)"):
         tileops_cpu.build_gqa_prefill(
             _spec(8, 5, 16),
             _spec(8, 2, 16),
@@ -126,6 +117,4 @@ def test_what_a_builder_accepts_it_builds_without_touching_any_tensor():
         original_max_position_embeddings=16,
     )
     assert type(kernel).__name__ == "CpuRopePositionIds"
-    assert kernel.rotary_dim == 8 and kernel.factor == pytest.approx(
-        1.5**0.5
-    )  # sqrt(1 + ln 4 / ln 16)
+    assert kernel.rotary_dim == 8 and kernel.factor == pytest.approx(1.5**0.5)  # sqrt(1 + ln 4 / ln 16)

@@ -23,8 +23,7 @@ def test_the_entry_point_is_declared_in_the_installed_distributions_metadata():
 
 def test_the_distribution_does_not_depend_on_tileops():
     requires = importlib.metadata.requires("tileops-backend-example") or []
-    names = [r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip()
-             for r in requires]
+    names = [r.split(";")[0].split("[")[0].split("<")[0].split(">")[0].split("=")[0].strip() for r in requires]
     assert "tileops" not in names
 
 
@@ -38,9 +37,7 @@ def test_the_target_is_registered_without_anyone_importing_tileops_cpu():
         "targets = backend.registered_targets()\n"
         "print(before, targets, 'tileops_cpu' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[0] == "False ['torch_cpu'] True"
 
@@ -52,9 +49,7 @@ def test_the_first_op_construction_runs_discovery_in_a_fresh_interpreter():
         "op = RMSNormFwdOp(normalized_shape=(8,))\n"
         "import sys; print('tileops_cpu' in sys.modules)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
 

@@ -30,9 +30,7 @@ class GemmOp(GemmFwdOp):
 
     def _fetch(self, a, b):
         m, k = a.shape
-        return self.get_or_build_kernel(
-            "gemm_kernel", None, key=("gemm", m, k, a.dtype), build=lambda: None
-        )
+        return self.get_or_build_kernel("gemm_kernel", None, key=("gemm", m, k, a.dtype), build=lambda: None)
 
 
 def test_an_op_the_target_has_no_builder_for_raises_and_never_falls_back():
@@ -65,8 +63,7 @@ def test_builtin_on_cpu_reaches_the_in_tree_kernel_which_refuses_cpu_tensors(mon
     with pytest.raises(ValueError) as caught:
         op(_half(2, 8), _half(8))
     assert str(caught.value) == (
-        "RMSNormKernel is a CUDA kernel; got x on cpu and weight on cpu. "
-        "Another target's backend serves other devices."
+        "RMSNormKernel is a CUDA kernel; got x on cpu and weight on cpu. Another target's backend serves other devices."
     )
 
 

@@ -186,20 +186,14 @@ def test_the_three_rope_ops_differ_only_in_their_frequencies():
     plain = RopeNeoxPositionIdsFwdOp(128, rotary_dim=12, target=TARGET)(x, positions)
     # LongRoPE with every factor 1 and no stretch is plain; with factors 2, position 2p
     # turns by what position p turns without them
-    assert torch.equal(
-        RopeLongRopePositionIdsFwdOp(128, rotary_dim=12, target=TARGET)(x, positions), plain
-    )
-    halved = RopeLongRopePositionIdsFwdOp(
-        128, rotary_dim=12, rescale_factors=[2.0] * 6, target=TARGET
-    )
+    assert torch.equal(RopeLongRopePositionIdsFwdOp(128, rotary_dim=12, target=TARGET)(x, positions), plain)
+    halved = RopeLongRopePositionIdsFwdOp(128, rotary_dim=12, rescale_factors=[2.0] * 6, target=TARGET)
     assert torch.equal(halved(x, positions * 2), plain)
     # Llama 3.1 scales the wavelengths longer than original_max_position / high_freq_factor:
     # the longest of these 6 (about 13.5k) for the default 8192, none for 2**20
     llama31 = RopeLlama31PositionIdsFwdOp(128, rotary_dim=12, target=TARGET)
     assert not torch.equal(llama31(x, positions), plain)
-    unscaled = RopeLlama31PositionIdsFwdOp(
-        128, rotary_dim=12, original_max_position=1 << 20, target=TARGET
-    )
+    unscaled = RopeLlama31PositionIdsFwdOp(128, rotary_dim=12, original_max_position=1 << 20, target=TARGET)
     assert torch.equal(unscaled(x, positions), plain)
 
 

@@ -189,8 +189,15 @@ def _forbid_cuda_queries(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the op layer asked CUDA something before a target was chosen")
 
-    for name in ("is_available", "device_count", "current_device", "get_device_capability",
-                 "get_device_properties", "current_stream", "init"):
+    for name in (
+        "is_available",
+        "device_count",
+        "current_device",
+        "get_device_capability",
+        "get_device_properties",
+        "current_stream",
+        "init",
+    ):
         monkeypatch.setattr(torch.cuda, name, forbidden)
 
 

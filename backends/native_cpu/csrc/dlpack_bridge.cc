@@ -65,8 +65,8 @@ bool fill_view(const dl::Tensor& t, TensorView& out, const char* what) {
     return false;
   }
   if (t.ndim > kMaxDims) {
-    PyErr_Format(PyExc_ValueError, "native_cpu: %s has %d dims; at most %d are supported", what, static_cast<int>(t.ndim),
-                 kMaxDims);
+    PyErr_Format(PyExc_ValueError, "native_cpu: %s has %d dims; at most %d are supported", what,
+                 static_cast<int>(t.ndim), kMaxDims);
     return false;
   }
   out.ndim = t.ndim;
@@ -80,7 +80,8 @@ bool fill_view(const dl::Tensor& t, TensorView& out, const char* what) {
     expected *= t.shape[d];
   }
   if (!contiguous && out.numel > 0) {
-    PyErr_Format(PyExc_ValueError, "native_cpu kernels take contiguous tensors; %s is strided (call .contiguous())", what);
+    PyErr_Format(PyExc_ValueError, "native_cpu kernels take contiguous tensors; %s is strided (call .contiguous())",
+                 what);
     return false;
   }
   out.data = static_cast<char*>(t.data) + t.byte_offset;
@@ -104,7 +105,9 @@ bool read_with_dlpack_method(PyObject* obj, TensorView& out, const char* what) {
   return ok;
 }
 
-void set_error(void*, const char* kind, const char* message) { PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message); }
+void set_error(void*, const char* kind, const char* message) {
+  PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message);
+}
 
 }  // namespace
 
@@ -259,7 +262,8 @@ PyObject* allocate_tensor(int ndim, const int64_t* shape, DType dtype, void** da
     return static_cast<PyObject*>(result);
   }
   if (g_torch_empty == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "native_cpu: the torch bridge was not initialised (tileops_native_cpu.builders does it)");
+    PyErr_SetString(PyExc_RuntimeError,
+                    "native_cpu: the torch bridge was not initialised (tileops_native_cpu.builders does it)");
     return nullptr;
   }
   PyObject* dims = PyTuple_New(ndim);

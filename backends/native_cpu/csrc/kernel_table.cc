@@ -9,8 +9,9 @@ void KernelTable::put(const Entry& entry, bool replace) {
   for (Entry& e : entries_) {
     if (e.name != std::string_view(entry.name) || e.dtype != entry.dtype || e.variant != entry.variant) continue;
     if (!replace || e.args != entry.args)
-      throw std::logic_error(std::string("native_cpu: kernel '") + entry.name + "' (" + dtype_name(entry.dtype) + ", variant " +
-                             std::to_string(entry.variant) + ") is registered twice, or replaced with another signature");
+      throw std::logic_error(std::string("native_cpu: kernel '") + entry.name + "' (" + dtype_name(entry.dtype) +
+                             ", variant " + std::to_string(entry.variant) +
+                             ") is registered twice, or replaced with another signature");
     e.fn = entry.fn;
     return;
   }

@@ -56,25 +56,35 @@ NB_MODULE(_C, m) {
   // torch_dtypes: {DType member: torch dtype}; builders.py pairs them by name
   m.def("init_bridge", [](nb::handle capsule, nb::handle torch_empty, nb::dict torch_dtypes) {
     PyObject* by_dtype[kNumDTypes] = {};
-    for (auto [member, torch_dtype] : torch_dtypes) by_dtype[static_cast<int>(nb::cast<DType>(member))] = torch_dtype.ptr();
+    for (auto [member, torch_dtype] : torch_dtypes)
+      by_dtype[static_cast<int>(nb::cast<DType>(member))] = torch_dtype.ptr();
     for (int i = 0; i < kNumDTypes; ++i)
-      if (by_dtype[i] == nullptr) throw nb::value_error((std::string("init_bridge: no torch dtype for ") + kDTypeNames[i]).c_str());
+      if (by_dtype[i] == nullptr)
+        throw nb::value_error((std::string("init_bridge: no torch dtype for ") + kDTypeNames[i]).c_str());
     bridge_init(capsule.ptr(), torch_empty.ptr(), by_dtype);
   });
   m.def("force_fallback", &bridge_force_fallback, "read and allocate through __dlpack__/torch.empty (for tests)");
   m.def("uses_exchange_api", &bridge_uses_exchange_api);
-  m.def("pool_stats", [] {
-    const PoolStats s = pool_stats();
-    return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls, s.alone_after_stall);
-  }, "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled, "
-     "regions the calling thread ran alone after a stall) so far");
-  m.def("output_cache_stats", [] {
-    const OutputCacheStats s = output_cache_stats();
-    return std::make_tuple(s.hits, s.misses, s.idle_bytes, s.budget_bytes);
-  }, "(outputs served by a warm block, by a new mapping, idle bytes held, idle budget) of the warm-output cache");
+  m.def(
+      "pool_stats",
+      [] {
+        const PoolStats s = pool_stats();
+        return std::make_tuple(s.rounds, s.chunks, s.caller_chunks, s.openmp_rounds, s.openmp_stalls,
+                               s.alone_after_stall);
+      },
+      "(parallel regions, chunks in them, chunks the calling thread ran, regions on the OpenMP team, of which stalled, "
+      "regions the calling thread ran alone after a stall) so far");
+  m.def(
+      "output_cache_stats",
+      [] {
+        const OutputCacheStats s = output_cache_stats();
+        return std::make_tuple(s.hits, s.misses, s.idle_bytes, s.budget_bytes);
+      },
+      "(outputs served by a warm block, by a new mapping, idle bytes held, idle budget) of the warm-output cache");
   m.def("set_output_cache_budget", &output_cache_set_budget, nb::arg("bytes"),
         "idle bytes the warm-output cache may hold (0 turns it off); returns the previous budget");
-  m.def("set_use_openmp", &set_use_openmp, "run parallel regions on torch's OpenMP team (True, the default) or our own pool");
+  m.def("set_use_openmp", &set_use_openmp,
+        "run parallel regions on torch's OpenMP team (True, the default) or our own pool");
   m.def("openmp_available", &openmp_available, "whether an OpenMP runtime is loaded in the process");
   // Runs parallel_for over [0, n) and returns how often each index was visited, the number
   // of ranges, and the largest worker index seen (for the scheduling tests).

@@ -2,8 +2,6 @@
 #pragma once
 // Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-
-
 struct Simd {
   using F = __m256;
   static constexpr int W = 8;
@@ -16,7 +14,8 @@ struct Simd {
 
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static F load(const tnc::bf16_t* p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
   static F load(const tnc::half_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
@@ -82,7 +81,9 @@ struct Simd {
   // AVX-512, and prefetchnta better than prefetcht0 (docs/performance.md).
   static constexpr int kRowAheadBytes = 1024;
   template <class T>
-  static void stream(T* p, F v) { store(p, v); }
+  static void stream(T* p, F v) {
+    store(p, v);
+  }
   static void stream_fence() {}
 
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
@@ -108,7 +109,8 @@ struct Simd {
   // lane i of the result = the sum of the lanes of v[i]
   static F transpose_add(const F* v) {
     F t[4], u[2];
-    for (int i = 0; i < 4; ++i) t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; ++i)
+      t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
     for (int i = 0; i < 2; ++i) {
       const __m256d a = _mm256_castps_pd(t[2 * i]), b = _mm256_castps_pd(t[2 * i + 1]);
       u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
@@ -134,7 +136,9 @@ struct Simd {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_castsi256_ps(e);
   }
-  static F keep_at_least(F x, float threshold, F v) { return _mm256_and_ps(_mm256_cmp_ps(x, set1(threshold), _CMP_GE_OQ), v); }
+  static F keep_at_least(F x, float threshold, F v) {
+    return _mm256_and_ps(_mm256_cmp_ps(x, set1(threshold), _CMP_GE_OQ), v);
+  }
   // Lane pairs (2j, 2j+1): swapped; lane j of the low / high half to lanes 2j and 2j+1;
   // a * b - c in even lanes, a * b + c in odd ones.
   static F swap_pairs(F a) { return _mm256_permute_ps(a, _MM_SHUFFLE(2, 3, 0, 1)); }

@@ -2,7 +2,6 @@
 #pragma once
 // Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-
 struct Simd {
   using F = __m512;
   static constexpr int W = 16;
@@ -16,13 +15,17 @@ struct Simd {
 
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F load(const tnc::bf16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   }
-  static F load(const tnc::half_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F load(const tnc::half_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
 
   static F load_n(const float* p, int n, float fill = 0.f) { return _mm512_mask_loadu_ps(set1(fill), mask(n), p); }
   static F load_n(const tnc::bf16_t* p, int n, float fill = 0.f) {
-    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask(n), p)), 16));
+    const __m512 v =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask(n), p)), 16));
     return _mm512_mask_blend_ps(mask(n), set1(fill), v);
   }
   static F load_n(const tnc::half_t* p, int n, float fill = 0.f) {
@@ -63,8 +66,8 @@ struct Simd {
     odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   static __m512i pack_pair(F even, F odd) {
-    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5,
-                                           20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     return _mm512_permutexvar_epi16(inter, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even)));
   }
   static void store_pair(tnc::bf16_t* p, F even, F odd) { _mm512_storeu_si512(p, pack_pair(even, odd)); }
@@ -81,7 +84,9 @@ struct Simd {
   static F max(F a, F b) { return _mm512_max_ps(a, b); }
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   // max that propagates NaN from either operand (as torch.amax does)
-  static F max_nan(F a, F v) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, a), v); }
+  static F max_nan(F a, F v) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_max_ps(v, a), v);
+  }
   static F abs(F a) { return _mm512_abs_ps(a); }
   static F copysign(F magnitude, F sign) {
     const __m512i s = _mm512_and_si512(_mm512_castps_si512(sign), _mm512_set1_epi32(static_cast<int>(0x80000000u)));
@@ -91,7 +96,8 @@ struct Simd {
   // lane i of the result = the sum of the lanes of v[i] (16 dot products finished at once)
   static F transpose_add(const F* v) {
     F t[8], u[4], w[2];
-    for (int i = 0; i < 8; ++i) t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 8; ++i)
+      t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
     for (int i = 0; i < 4; ++i) {
       const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
       u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
@@ -150,7 +156,8 @@ inline void transpose16x16_epi32(__m512i v[16]) {
   }
   for (int c = 0; c < 4; ++c) {
     const __m512i u0 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(v[c], v[4 + c], 0xdd);
-    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88), u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
+    const __m512i u2 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0x88),
+                  u3 = _mm512_shuffle_i32x4(v[8 + c], v[12 + c], 0xdd);
     t[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
     t[8 + c] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
     t[4 + c] = _mm512_shuffle_i32x4(u1, u3, 0x88);

@@ -2,7 +2,6 @@
 #pragma once
 // Included inside a per-ISA namespace: the translation unit includes the system headers.
 
-
 struct Simd {
   using F = float;
   static constexpr int W = 1;
@@ -13,18 +12,28 @@ struct Simd {
   static F zero() { return 0.f; }
   static F set1(float a) { return a; }
   template <class T>
-  static F load(const T* p) { return tnc::to_float(*p); }
+  static F load(const T* p) {
+    return tnc::to_float(*p);
+  }
   template <class T>
-  static F load_n(const T* p, int n, float fill = 0.f) { return n > 0 ? tnc::to_float(*p) : fill; }
+  static F load_n(const T* p, int n, float fill = 0.f) {
+    return n > 0 ? tnc::to_float(*p) : fill;
+  }
   template <class T>
-  static void store(T* p, F v) { *p = tnc::from_float<T>(v); }
+  static void store(T* p, F v) {
+    *p = tnc::from_float<T>(v);
+  }
   template <class T>
-  static void store_n(T* p, F v, int n) { if (n > 0) *p = tnc::from_float<T>(v); }
+  static void store_n(T* p, F v, int n) {
+    if (n > 0) *p = tnc::from_float<T>(v);
+  }
 
   static constexpr bool kHasStream = false;
   static constexpr int kRowAheadBytes = 0;  // see simd_avx2.h
   template <class T>
-  static void stream(T* p, F v) { store(p, v); }
+  static void stream(T* p, F v) {
+    store(p, v);
+  }
   static void stream_fence() {}
 
   static F add(F a, F b) { return a + b; }

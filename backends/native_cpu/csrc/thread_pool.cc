@@ -63,7 +63,8 @@ bool spin_until(Pred pred, int64_t budget_ns) {
 }
 
 struct {
-  std::atomic<uint64_t> rounds{0}, chunks{0}, caller_chunks{0}, openmp_rounds{0}, openmp_stalls{0}, alone_after_stall{0};
+  std::atomic<uint64_t> rounds{0}, chunks{0}, caller_chunks{0}, openmp_rounds{0}, openmp_stalls{0},
+      alone_after_stall{0};
 } g_stats;
 
 // Chunks are claimed dynamically: on a machine shared with torch's OpenMP threads (which
@@ -91,7 +92,8 @@ class Pool {
     const uint32_t round = round_;
     // one word: round (bits 63..32), chunk count (31..16), next chunk to claim (15..0), so a
     // late worker can never pair one round's count with another round's index
-    next_.store((static_cast<uint64_t>(round) << 32) | (static_cast<uint64_t>(chunks) << 16), std::memory_order_release);
+    next_.store((static_cast<uint64_t>(round) << 32) | (static_cast<uint64_t>(chunks) << 16),
+                std::memory_order_release);
     for (int i = 1; i <= helpers; ++i) {
       Slot& s = slots_[i];
       s.ticket.store(round, std::memory_order_seq_cst);
@@ -186,7 +188,6 @@ class Pool {
   Slot slots_[kMaxWorkers + 1];
 };
 
-
 // ---------------------------------------------------------------------------------------
 // torch's OpenMP team. torch's CPU ops run on OpenMP threads that spin for milliseconds
 // after each op (libgomp's default GOMP_SPINCOUNT is 300000 PAUSEs). A pool of our own
@@ -268,7 +269,9 @@ constexpr int64_t kBackoffMaxNs = 1000000000;  // ...doubling up to this
 std::atomic<int64_t> g_alone_until{0};
 std::atomic<int64_t> g_backoff_ns{kBackoffMinNs};
 
-int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
 
 struct OmpRegion {
   TaskFn fn;
@@ -328,7 +331,8 @@ bool try_run_openmp(int64_t n, int64_t chunk, int chunks, int team, TaskFn fn, v
   api->parallel(omp_body, &region, static_cast<unsigned>(team), 0);  // returns after the team's barrier
   const int64_t done = now_ns();
   const int64_t waited = done - region.caller_done_ns;  // for the others' last chunks
-  const bool late = region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns);
+  const bool late =
+      region.late.load(std::memory_order_relaxed) || (waited > kStallNs && waited > 4 * region.caller_chunk_ns);
   // ...and only a stall if the region took over 1 ms longer than all its chunks at the
   // caller's pace would have: a team thread that came late to a long region still did
   // its share (backing off then only halved the next 50 ms of large regions).

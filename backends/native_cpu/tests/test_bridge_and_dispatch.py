@@ -125,7 +125,9 @@ def test_the_portable_and_avx2_builds_compute_the_same_results(isa):
         pytest.skip("this CPU has no AVX2")
     env = dict(os.environ, TILEOPS_NATIVE_CPU_ISA=isa)
     here = os.path.dirname(__file__)
-    done = subprocess.run([sys.executable, "-c", SMOKE.format(isa=isa)], cwd=here, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", SMOKE.format(isa=isa)], cwd=here, env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 

@@ -29,7 +29,11 @@ class _Copies(TorchDispatchMode):
 
 def test_a_replay_writes_the_captured_outputs_in_place_without_a_copy():
     gen = torch.Generator().manual_seed(0)
-    a, w, g = torch.randn(3, 64, generator=gen, dtype=BF), torch.randn(32, 64, generator=gen, dtype=BF), torch.rand(32, dtype=BF)
+    a, w, g = (
+        torch.randn(3, 64, generator=gen, dtype=BF),
+        torch.randn(32, 64, generator=gen, dtype=BF),
+        torch.rand(32, dtype=BF),
+    )
     gemm, norm = ops.GemmFwdOp(False, True, target=TARGET), ops.RMSNormFwdOp([32], target=TARGET)
     norm(gemm(a, w), g)
     graph = Graph()

@@ -18,7 +18,10 @@ def sample(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("a_shape,b_shape", [((33, 70), (33, 70)), ((4, 1, 5), (3, 1)), ((2, 6, 5, 5), (6, 1, 1)), ((1,), (17,)), ((), (3, 2))])
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((33, 70), (33, 70)), ((4, 1, 5), (3, 1)), ((2, 6, 5, 5), (6, 1, 1)), ((1,), (17,)), ((), (3, 2))],
+)
 def test_add_and_mul_match_torch_with_broadcasting_for_every_dtype(dtype, a_shape, b_shape):
     x, y = sample(a_shape, dtype), sample(b_shape, dtype)
     for build, ref in ((b.build_add, torch.add(x, y)), (b.build_mul, torch.mul(x, y))):

@@ -23,8 +23,15 @@ manifest = pytest.importorskip("tileops.manifest", reason="tileops (the manifest
 def shape_variants(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
     out = [(2, *shape), (*shape, 2)]
     if shape:
-        out += [shape[1:], shape[:-1], (*shape[:-1], shape[-1] + 1), (*shape[:-1], 2 * shape[-1]), (*shape[:-1], 0),
-                (1, *shape[1:]), (shape[0] + 1, *shape[1:])]
+        out += [
+            shape[1:],
+            shape[:-1],
+            (*shape[:-1], shape[-1] + 1),
+            (*shape[:-1], 2 * shape[-1]),
+            (*shape[:-1], 0),
+            (1, *shape[1:]),
+            (shape[0] + 1, *shape[1:]),
+        ]
     return out
 
 
@@ -66,6 +73,8 @@ def test_the_builder_accepts_exactly_the_workload_variants_its_manifest_accepts(
                 built = None  # it failed, but not by refusing
         if built is not accepted:
             shown = {k: v for k, v in shapes.items() if v is not None}
-            disagreements.append(f"{name} {shown} {dtype}: manifest {'accepts' if accepted else 'refuses'} "
-                                 f"({why}), builder {'builds' if built else 'fails'} ({error})")
+            disagreements.append(
+                f"{name} {shown} {dtype}: manifest {'accepts' if accepted else 'refuses'} "
+                f"({why}), builder {'builds' if built else 'fails'} ({error})"
+            )
     assert not disagreements, f"{len(disagreements)} disagreements, e.g.\n" + "\n".join(disagreements[:10])

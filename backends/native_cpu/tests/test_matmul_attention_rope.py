@@ -160,8 +160,10 @@ def test_rope_pairs_rotate_adjacent_channels_at_every_head_dim(dtype, head_dim):
     out = run(b.BUILDERS["RopeNonNeoxFwdOp"], x, layout="2d", base=10000.0)
     close(out, rope_pairs_ref(x.float(), cos[None, :, None, :], sin[None, :, None, :]).to(dtype))
     x1 = x[0, :, 0].contiguous()
-    close(run(b.BUILDERS["RopeNonNeoxFwdOp"], x1, layout="1d", base=500.0),
-          rope_pairs_ref(x1.float(), *tables(torch.arange(21), head_dim, 500.0, dtype)).to(dtype))
+    close(
+        run(b.BUILDERS["RopeNonNeoxFwdOp"], x1, layout="1d", base=500.0),
+        rope_pairs_ref(x1.float(), *tables(torch.arange(21), head_dim, 500.0, dtype)).to(dtype),
+    )
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -178,8 +180,15 @@ def test_rope_pairs_with_position_ids_rotate_the_leading_rotary_dims_only(dtype,
 def test_longrope_divides_the_frequencies_by_its_factors_and_scales_cos_and_sin():
     x = torch.randn(300, 64, dtype=torch.float32)
     factors = [1.0 + k / 2 for k in range(32)]
-    out = run(b.BUILDERS["RopeLongRopeFwdOp"], x, layout="1d", base=10000.0, rescale_factors=factors,
-              max_position_embeddings=16384, original_max_position_embeddings=2048)
+    out = run(
+        b.BUILDERS["RopeLongRopeFwdOp"],
+        x,
+        layout="1d",
+        base=10000.0,
+        rescale_factors=factors,
+        max_position_embeddings=16384,
+        original_max_position_embeddings=2048,
+    )
     freqs = 1.0 / (10000.0 ** (torch.arange(32, dtype=torch.float32) / 32)) / torch.tensor(factors)
     ang = torch.outer(torch.arange(300).float(), freqs)
     mscale = (1 + math.log(8) / math.log(2048)) ** 0.5
@@ -200,8 +209,9 @@ def test_rope_with_a_position_beyond_max_position_raises_index_error():
 
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("bshd", [(2, 70, 4, 2, 64), (1, 1, 2, 1, 32), (1, 130, 8, 8, 40),
-                                  (1, 37, 4, 2, 17), (1, 70, 4, 1, 130)])  # odd D; 65 channel pairs
+@pytest.mark.parametrize(
+    "bshd", [(2, 70, 4, 2, 64), (1, 1, 2, 1, 32), (1, 130, 8, 8, 40), (1, 37, 4, 2, 17), (1, 70, 4, 1, 130)]
+)  # odd D; 65 channel pairs
 def test_gqa_forward_matches_sdpa(dtype, causal, bshd):
     bsz, s, h, hkv, d = bshd
     q = torch.randn(bsz, s, h, d, dtype=dtype)
@@ -212,8 +222,17 @@ def test_gqa_forward_matches_sdpa(dtype, causal, bshd):
 
 @pytest.mark.parametrize("dtype", HALVES)
 # odd D, D = 96 and 130 (runs of 32 channels and a partial one), 3 and 6 heads a group
-@pytest.mark.parametrize("bnhd", [(2, 300, 8, 2, 64), (1, 1, 4, 4, 128), (1, 5000, 8, 1, 32), (1, 77, 6, 2, 17),
-                                  (2, 40, 4, 1, 96), (1, 33, 12, 2, 130)])
+@pytest.mark.parametrize(
+    "bnhd",
+    [
+        (2, 300, 8, 2, 64),
+        (1, 1, 4, 4, 128),
+        (1, 5000, 8, 1, 32),
+        (1, 77, 6, 2, 17),
+        (2, 40, 4, 1, 96),
+        (1, 33, 12, 2, 130),
+    ],
+)
 def test_gqa_decode_attends_to_every_cached_position(dtype, bnhd):
     bsz, n, h, hkv, d = bnhd
     q = torch.randn(bsz, h, d, dtype=dtype)
@@ -224,7 +243,10 @@ def test_gqa_decode_attends_to_every_cached_position(dtype, bnhd):
 
 def test_gqa_decode_reuses_one_kernel_as_the_cache_grows():
     q = torch.randn(1, 4, 32, dtype=torch.bfloat16)
-    made = {id(b.build_gqa_decode(spec(q), *(2 * [spec(torch.empty(1, n, 2, 32, dtype=torch.bfloat16))]))) for n in range(1, 40)}
+    made = {
+        id(b.build_gqa_decode(spec(q), *(2 * [spec(torch.empty(1, n, 2, 32, dtype=torch.bfloat16))])))
+        for n in range(1, 40)
+    }
     assert len(made) == 1
 
 
@@ -240,10 +262,20 @@ def test_gqa_refuses_heads_that_are_not_a_multiple_of_kv_heads():
 # transposed (strided packing); m = 257 and odd K take the packed path beside it.
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("trans_a", [False, True])
-@pytest.mark.parametrize("m,n,k", [
-    (17, 12, 2), (31, 13, 70), (32, 1, 1024), (40, 25, 2050), (48, 100, 66), (128, 3100, 130), (256, 37, 3000),
-    (257, 40, 64), (100, 30, 71),
-])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (17, 12, 2),
+        (31, 13, 70),
+        (32, 1, 1024),
+        (40, 25, 2050),
+        (48, 100, 66),
+        (128, 3100, 130),
+        (256, 37, 3000),
+        (257, 40, 64),
+        (100, 30, 71),
+    ],
+)
 def test_bf16_nt_gemm_from_the_weight_layout_matches_matmul(threads, trans_a, m, n, k):
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -263,7 +295,7 @@ def test_bf16_nt_gemm_exact_on_small_integers():
     a = torch.randint(-3, 4, (77, 2048)).to(torch.bfloat16)
     w = torch.randint(-3, 4, (3100, 2048)).to(torch.bfloat16)
     out = run(b.build_gemm, a, w, trans_a=False, trans_b=True)
-    ref = (a.double() @ w.double().T)
+    ref = a.double() @ w.double().T
     assert torch.equal(out.double(), ref.to(torch.bfloat16).double())
 
 
@@ -288,18 +320,34 @@ def test_batched_decode_gemm_is_exact_on_small_integers(threads, m, k):
 
 # A RoPE at explicit positions 0..S-1 is its positional form, head by head: the two
 # builders share nothing but the rotation and the scaling's frequencies (tileops.rope_tables).
-@pytest.mark.parametrize("op, params", [
-    ("RopeNonNeox", {}),
-    ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
-    ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
-    ("RopeLongRope", dict(rescale_factors=[1.0 + k / 4 for k in range(64)], max_position_embeddings=8192,
-                          original_max_position_embeddings=1024)),
-])
+@pytest.mark.parametrize(
+    "op, params",
+    [
+        ("RopeNonNeox", {}),
+        ("RopeLlama31", dict(scale_factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=512)),
+        ("RopeYarn", dict(scale=4.0, original_max_position=256, beta_fast=32.0, beta_slow=1.0, attn_factor=1.3)),
+        (
+            "RopeLongRope",
+            dict(
+                rescale_factors=[1.0 + k / 4 for k in range(64)],
+                max_position_embeddings=8192,
+                original_max_position_embeddings=1024,
+            ),
+        ),
+    ],
+)
 def test_scaled_rope_at_positions_matches_its_positional_form(op, params):
     x = torch.randn(300, 128, dtype=torch.float32)
     positional = run(b.BUILDERS[f"{op}FwdOp"], x, layout="1d", base=10000.0, **params)
-    at = run(b.BUILDERS[f"{op}PositionIdsFwdOp"], x[:, None, :], torch.arange(300), max_position=300, base=10000.0,
-             rotary_dim=128, **params)
+    at = run(
+        b.BUILDERS[f"{op}PositionIdsFwdOp"],
+        x[:, None, :],
+        torch.arange(300),
+        max_position=300,
+        base=10000.0,
+        rotary_dim=128,
+        **params,
+    )
     torch.testing.assert_close(at[:, 0, :], positional)
     plain = run(b.build_rope_neox, x, layout="1d", base=10000.0)
     assert not torch.allclose(positional, plain, atol=1e-3)  # the scaling or rotation changed something

@@ -22,8 +22,9 @@ def route(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scoring: 
     return (weights / weights.sum(-1, keepdim=True) if renormalize else weights), ids
 
 
-def moe_loop(x, logits, w_gate_up, w_down, bias=None, *, top_k, scoring="softmax", renormalize=False, scale=1.0,
-             act=F.silu):
+def moe_loop(
+    x, logits, w_gate_up, w_down, bias=None, *, top_k, scoring="softmax", renormalize=False, scale=1.0, act=F.silu
+):
     """The block as an eager loop over the chosen experts, in float32."""
     weights, ids = route(logits, bias, top_k, scoring, renormalize)
     ffn = w_down.shape[2]
@@ -95,7 +96,9 @@ def test_the_router_builder_refuses_a_top_k_above_the_expert_count():
 def test_the_block_matches_an_eager_loop_on_both_paths(dtype, tokens):
     experts, top_k, hidden, ffn = 16, 4, 96, 40
     x, logits, wgu, wd = moe_inputs(tokens, experts, hidden, ffn, dtype)
-    out = run(b.build_fused_moe, x, logits, wgu, wd, None, **moe_params(experts, top_k, hidden, ffn, tokens, renormalize=True))
+    out = run(
+        b.build_fused_moe, x, logits, wgu, wd, None, **moe_params(experts, top_k, hidden, ffn, tokens, renormalize=True)
+    )
     want = moe_loop(x, logits, wgu, wd, top_k=top_k, renormalize=True)
     assert out.dtype == dtype and out.shape == x.shape
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
@@ -106,8 +109,17 @@ def test_the_block_with_sigmoid_bias_scale_and_gelu(tokens):
     experts, top_k, hidden, ffn = 12, 3, 64, 48
     x, logits, wgu, wd = moe_inputs(tokens, experts, hidden, ffn, torch.bfloat16, seed=1)
     bias = torch.randn(experts)
-    params = moe_params(experts, top_k, hidden, ffn, tokens, scoring_func="sigmoid", renormalize=True,
-                        routed_scaling_factor=2.5, activation="gelu_and_mul")
+    params = moe_params(
+        experts,
+        top_k,
+        hidden,
+        ffn,
+        tokens,
+        scoring_func="sigmoid",
+        renormalize=True,
+        routed_scaling_factor=2.5,
+        activation="gelu_and_mul",
+    )
     out = run(b.build_fused_moe, x, logits, wgu, wd, bias, **params)
     want = moe_loop(x, logits, wgu, wd, bias, top_k=top_k, scoring="sigmoid", renormalize=True, scale=2.5, act=F.gelu)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=4e-2)
@@ -140,14 +152,22 @@ def test_the_block_builder_refuses_weights_that_do_not_match_its_sizes():
 
 
 def _qwen3_block(dtype):
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (an optional test dependency)")
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (an optional test dependency)"
+    )
     try:
         from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
         from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
     except ImportError as error:
         pytest.skip(f"transformers {transformers.__version__} has no Qwen3-MoE block: {error}")
-    config = Qwen3MoeConfig(hidden_size=96, moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4,
-                            norm_topk_prob=True, hidden_act="silu")
+    config = Qwen3MoeConfig(
+        hidden_size=96,
+        moe_intermediate_size=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        hidden_act="silu",
+    )
     torch.manual_seed(0)
     block = Qwen3MoeSparseMoeBlock(config).eval()
     with torch.no_grad():
@@ -167,7 +187,10 @@ def _expert_weights(block, config):
         e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
         if tuple(w_gate_up.shape) != (e, 2 * i, h) and tuple(w_gate_up.shape) == (e, h, 2 * i):
             w_gate_up, w_down = w_gate_up.transpose(1, 2), w_down.transpose(1, 2)
-        assert tuple(w_gate_up.shape) == (e, 2 * i, h) and tuple(w_down.shape) == (e, h, i), (w_gate_up.shape, w_down.shape)
+        assert tuple(w_gate_up.shape) == (e, 2 * i, h) and tuple(w_down.shape) == (e, h, i), (
+            w_gate_up.shape,
+            w_down.shape,
+        )
     return w_gate_up.contiguous(), w_down.contiguous()
 
 
@@ -194,7 +217,9 @@ def test_fused_moe_runs_a_qwen3_moe_sparse_block(tokens, block_dtype):
         result = block(x.to(block_dtype)[None])
         want = (result[0] if isinstance(result, tuple) else result)[0].float()
     w_gate_up, w_down = (w.bfloat16() for w in _expert_weights(block, config))
-    params = moe_params(config.num_experts, k, config.hidden_size, config.moe_intermediate_size, tokens, renormalize=True)
+    params = moe_params(
+        config.num_experts, k, config.hidden_size, config.moe_intermediate_size, tokens, renormalize=True
+    )
     out = run(b.build_fused_moe, x, logits, w_gate_up, w_down, None, **params)
     scale = want.abs().max().item()
     rtol = 3e-2 if block_dtype == torch.bfloat16 else 1.6e-2

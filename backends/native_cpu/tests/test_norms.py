@@ -80,7 +80,9 @@ def test_groupnorm_matches_torch_with_and_without_affine(dtype, affine, shape, g
     w = torch.randn(shape[1], dtype=dtype) if affine else None
     bias = torch.randn(shape[1], dtype=dtype) if affine else None
     out = run(b.build_group_norm, x, w, bias, num_groups=groups, eps=1e-5)
-    ref = F.group_norm(x.float(), groups, None if w is None else w.float(), None if bias is None else bias.float(), 1e-5)
+    ref = F.group_norm(
+        x.float(), groups, None if w is None else w.float(), None if bias is None else bias.float(), 1e-5
+    )
     close(out, ref.to(dtype))
 
 
@@ -94,7 +96,11 @@ def test_a_new_row_count_reuses_the_specialisation_without_a_new_build():
     w = torch.randn(512, dtype=torch.bfloat16)
     before = b.specialisations.builds
     kernels = {
-        id(b.build_rms_norm(spec(torch.empty(rows, 512, dtype=torch.bfloat16)), spec(w), normalized_shape=(512,), eps=1e-6))
+        id(
+            b.build_rms_norm(
+                spec(torch.empty(rows, 512, dtype=torch.bfloat16)), spec(w), normalized_shape=(512,), eps=1e-6
+            )
+        )
         for rows in (1, 2, 3, 17, 1000)
     }
     assert len(kernels) == 1

@@ -6,8 +6,10 @@ from tileops_native_cpu import builders as b
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape,dim", [((4, 4096), -1), ((3, 1000), 1), ((1, 17), -1), ((5, 7, 9), 1), ((6, 33), 0), ((40,), None),
-                                       ((4, 5, 6), None)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((4, 4096), -1), ((3, 1000), 1), ((1, 17), -1), ((5, 7, 9), 1), ((6, 33), 0), ((40,), None), ((4, 5, 6), None)],
+)
 def test_softmax_matches_torch_along_any_dim(dtype, shape, dim):
     x = torch.randn(shape, dtype=dtype) * 4
     resolved = dim if dim is not None else (0 if len(shape) in (0, 1, 3) else 1)
@@ -75,16 +77,19 @@ def test_amax_over_an_empty_axis_is_refused_at_build_naming_the_shape():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape,dim,at", [
-    ((6, 333), (1,), (2, 100)),         # innermost axis reduced, NaN mid-vector
-    ((6, 333), (1,), (5, 332)),         # NaN in the tail lane
-    ((37, 45), (0,), (36, 3)),          # innermost kept: column accumulation
-    ((4, 12, 40), (0, 2), (3, 7, 0)),   # mixed axes
-    ((300000,), None, (123456,)),       # one long run split over threads
-    ((300000,), None, (0,)),            # NaN in the first lane of the first part
-    ((7, 2100), (0,), (2, 2099)),       # wide kept rows: in a block of four, in the column tail
-    ((7, 2100), (0,), (5, 100)),        # wide kept rows: in a single row after the blocks
-])
+@pytest.mark.parametrize(
+    "shape,dim,at",
+    [
+        ((6, 333), (1,), (2, 100)),  # innermost axis reduced, NaN mid-vector
+        ((6, 333), (1,), (5, 332)),  # NaN in the tail lane
+        ((37, 45), (0,), (36, 3)),  # innermost kept: column accumulation
+        ((4, 12, 40), (0, 2), (3, 7, 0)),  # mixed axes
+        ((300000,), None, (123456,)),  # one long run split over threads
+        ((300000,), None, (0,)),  # NaN in the first lane of the first part
+        ((7, 2100), (0,), (2, 2099)),  # wide kept rows: in a block of four, in the column tail
+        ((7, 2100), (0,), (5, 100)),  # wide kept rows: in a single row after the blocks
+    ],
+)
 def test_amax_propagates_nan_like_torch(dtype, shape, dim, at):
     x = torch.randn(shape, dtype=dtype)
     x[at] = float("nan")

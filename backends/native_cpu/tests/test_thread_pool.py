@@ -22,10 +22,20 @@ def pool(request, native):
     native.set_use_openmp(True)
 
 
-@pytest.mark.parametrize("n, grain, threads", [
-    (1, 1, 4), (2, 1, 2), (7, 3, 2), (100, 1, 2), (1000, 1, 3), (4096, 16, 2), (100000, 7, 8), (5000, 1, 64),
-    (65535 * 3, 1, 256),
-])
+@pytest.mark.parametrize(
+    "n, grain, threads",
+    [
+        (1, 1, 4),
+        (2, 1, 2),
+        (7, 3, 2),
+        (100, 1, 2),
+        (1000, 1, 3),
+        (4096, 16, 2),
+        (100000, 7, 8),
+        (5000, 1, 64),
+        (65535 * 3, 1, 256),
+    ],
+)
 def test_every_index_runs_exactly_once(native, pool, n, grain, threads):
     visits, ranges, max_worker = native.parallel_for_check(n, grain, threads)
     assert len(visits) == n

@@ -46,6 +46,7 @@ class BackendInfo:
     targets: tuple[str, ...] = ()  # targets this import added to the registry
     failure: str | None = None  # the load_failures() line, when it failed
 
+
 _discovered = False
 _running_in = None  # the thread running discovery: its re-entrant reads return at once
 _lock = threading.RLock()
@@ -141,13 +142,9 @@ def _discover() -> None:
                     _registry.commit_transaction()
                 added = tuple(sorted(set(_registry.targets()) - before))
                 dist, version = _distribution(ep)
-                found.append(
-                    BackendInfo(ep.name, ep.value, dist, version, ep.module, declared, added, failure)
-                )
+                found.append(BackendInfo(ep.name, ep.value, dist, version, ep.module, declared, added, failure))
                 top = ep.value.split(":")[0].split(".")[0]
-                _imported_modules.extend(
-                    name for name in sys.modules if name == top or name.startswith(top + ".")
-                )
+                _imported_modules.extend(name for name in sys.modules if name == top or name.startswith(top + "."))
             # Recorded once the pass completes: an interrupted pass is retried whole, and
             # its failures must not be listed twice.
             for line in failures:
@@ -158,8 +155,7 @@ def _discover() -> None:
             _running_in = None
     for line in failures:
         warnings.warn(
-            f"tileops backend failed to load and was skipped: {line}. "
-            "See tileops.backend.load_failures().",
+            f"tileops backend failed to load and was skipped: {line}. See tileops.backend.load_failures().",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -51,9 +51,7 @@ def register_kernel_builder(op: str, target: str, build_kernel: BuildKernel) -> 
     _check_name("op", op)
     _check_name("target", target)
     if not callable(build_kernel):
-        raise TypeError(
-            f"build_kernel for ({op!r}, {target!r}) must be callable, got {build_kernel!r}"
-        )
+        raise TypeError(f"build_kernel for ({op!r}, {target!r}) must be callable, got {build_kernel!r}")
     _registry.register_builder(op, target, build_kernel, describe_callable(build_kernel))
 
 

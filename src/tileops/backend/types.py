@@ -60,9 +60,7 @@ class BuildKernel(Protocol):
     ``kernel(*tensors)``.
     """
 
-    def __call__(
-        self, *inputs: TensorSpec | None, **params: object
-    ) -> Callable[..., KernelResult]: ...
+    def __call__(self, *inputs: TensorSpec | None, **params: object) -> Callable[..., KernelResult]: ...
 
 
 Detect = Callable[[torch.device], bool]

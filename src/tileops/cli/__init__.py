@@ -79,4 +79,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tileops {args.command}: interrupted", file=sys.stderr)
         return 130
-

@@ -96,13 +96,16 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="TARGET", help="a registered target, e.g. native_cpu")
     parser.add_argument("--ops", metavar="A,B", help="only these ops (default: every op it registers)")
     parser.add_argument(
-        "--device", metavar="D",
+        "--device",
+        metavar="D",
         help="the device to run on, claimed by TARGET's detector or not (an explicit target "
         "skips detection; the output says when it is not claimed); default: the first "
         "device present that TARGET claims",
     )
     parser.add_argument(
-        "--scale", choices=("tiny", "small", "cpu", "full"), default=None,
+        "--scale",
+        choices=("tiny", "small", "cpu", "full"),
+        default=None,
         help="workload sizes: 'full' as written, 'cpu' scaled to at most 2**21 elements per "
         "tensor, 'small' to 2**18, 'tiny' a few hundred (default: 'cpu' on the CPU, 'full' "
         "elsewhere)",
@@ -130,8 +133,11 @@ class Selection:
     def facts(self) -> dict[str, Any]:
         """The selection's fields for ``--json``."""
         return {
-            "target": self.target, "device": self.device, "scale": self.scale,
-            "claimed": self.claimed, "detector": self.detector,
+            "target": self.target,
+            "device": self.device,
+            "scale": self.scale,
+            "claimed": self.claimed,
+            "detector": self.detector,
         }
 
 
@@ -145,9 +151,12 @@ def selection(args: argparse.Namespace) -> Selection:
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--json", metavar="FILE", nargs="?", const="-", default=None,
-        help="write the result as JSON: to FILE, or to stdout instead of the table when "
-        "FILE is omitted",
+        "--json",
+        metavar="FILE",
+        nargs="?",
+        const="-",
+        default=None,
+        help="write the result as JSON: to FILE, or to stdout instead of the table when FILE is omitted",
     )
 
 
@@ -156,10 +165,7 @@ def report(args: argparse.Namespace, tables: Sequence[Table], extra: dict | None
     payload = {
         "command": args.command,
         **(extra or {}),
-        "tables": {
-            (t.key or _key(t.title)): {"title": t.title, "rows": t.records(), "notes": t.notes}
-            for t in tables
-        },
+        "tables": {(t.key or _key(t.title)): {"title": t.title, "rows": t.records(), "notes": t.notes} for t in tables},
     }
     where = getattr(args, "json", None)
     if where == "-":
@@ -225,8 +231,7 @@ def check_target(target: str) -> str:
     close = difflib.get_close_matches(target, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UsageError(
-        f"TARGET: no installed backend registers target {target!r}{hint}; registered "
-        f"targets: {known}{load_note()}"
+        f"TARGET: no installed backend registers target {target!r}{hint}; registered targets: {known}{load_note()}"
     )
 
 
@@ -254,14 +259,11 @@ def op_names(text: str, examples: Sequence[str]) -> list[str]:
             close = difflib.get_close_matches(op, known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UsageError(
-                f"--ops: {op!r} is not an op any manifest declares{hint}; expected names "
-                f"such as {', '.join(examples)}"
+                f"--ops: {op!r} is not an op any manifest declares{hint}; expected names such as {', '.join(examples)}"
             )
         chosen.append(op)
     if not chosen:
-        raise UsageError(
-            f"--ops names no op; give manifest op names, comma-separated, such as {examples[0]}"
-        )
+        raise UsageError(f"--ops names no op; give manifest op names, comma-separated, such as {examples[0]}")
     return chosen
 
 
@@ -278,11 +280,9 @@ def check_ops(text: str | None, target: str) -> list[str]:
     for op in chosen:
         if op not in served:
             raise UsageError(
-                f"--ops: target {target!r} registers no builder for {op}; it registers: "
-                f"{', '.join(served) or 'none'}"
+                f"--ops: target {target!r} registers no builder for {op}; it registers: {', '.join(served) or 'none'}"
             )
     return chosen
-
 
 
 def present_devices() -> list[str]:
@@ -325,8 +325,7 @@ def detector_said(answer: bool | str) -> str:
     return "is missing (the target registered none)" if answer == "no detector" else answer
 
 
-def unclaimed_note(target: str, device: str, answer: bool | str,
-                   named_by: str = "the command line") -> str:
+def unclaimed_note(target: str, device: str, answer: bool | str, named_by: str = "the command line") -> str:
     """Why ``target`` runs on ``device`` although its detector does not claim it."""
     return (
         f"not claimed: {target}'s detect() {detector_said(answer)} for {device}; it runs there "

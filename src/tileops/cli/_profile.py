@@ -61,8 +61,11 @@ class Profile:
         import yaml
 
         data = {
-            "name": self.name, "kind": self.kind, "source": self.source,
-            "bandwidth_gbps": self.bandwidth_gbps, "peak_gflops": self.peak_gflops,
+            "name": self.name,
+            "kind": self.kind,
+            "source": self.source,
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "peak_gflops": self.peak_gflops,
             "calibration": self.calibration or {"bandwidth": 1.0, "compute": 1.0},
         }
         if self.unavailable:
@@ -90,9 +93,11 @@ def load(where: str | os.PathLike[str]) -> Profile:
     try:
         data = yaml.safe_load(path.read_text())
         return Profile(
-            name=str(data["name"]), kind=str(data.get("kind", "cpu")),
+            name=str(data["name"]),
+            kind=str(data.get("kind", "cpu")),
             source=str(data.get("source", "measured")),
-            bandwidth_gbps=dict(data["bandwidth_gbps"]), peak_gflops=dict(data["peak_gflops"]),
+            bandwidth_gbps=dict(data["bandwidth_gbps"]),
+            peak_gflops=dict(data["peak_gflops"]),
             calibration=dict(data.get("calibration") or {}),
             unavailable=dict(data.get("unavailable") or {}),
             details={**(data.get("details") or {}), **({"match": data["match"]} if "match" in data else {})},

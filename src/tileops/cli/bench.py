@@ -47,15 +47,25 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     add_selection_options(parser)
     parser.add_argument(
-        "--baseline", default="eager", metavar="eager|compile|TARGET",
+        "--baseline",
+        default="eager",
+        metavar="eager|compile|TARGET",
         help="what the speed-up is against (default: eager)",
     )
-    parser.add_argument("--profile", metavar="F.yaml|NAME",
-                        help="machine profile: a file, or a shipped one (h200, h20); default: the "
-                        "one profile-machine wrote, or the shipped profile of the GPU present")
+    parser.add_argument(
+        "--profile",
+        metavar="F.yaml|NAME",
+        help="machine profile: a file, or a shipped one (h200, h20); default: the "
+        "one profile-machine wrote, or the shipped profile of the GPU present",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    parser.add_argument("--min-time", type=float, default=0.02, metavar="S",
-                        help="seconds each side is timed per round, at least 3 calls (default 0.02)")
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.02,
+        metavar="S",
+        help="seconds each side is timed per round, at least 3 calls (default 0.02)",
+    )
     parser.add_argument("--csv", metavar="F", help="write CSV: one metric per row")
     parser.add_argument("--plot", metavar="F.png", help="draw a roofline chart (needs matplotlib)")
     add_json_option(parser)
@@ -153,8 +163,12 @@ def measure(case: Any, target: str, baseline: str, rounds: int, min_time: float)
     flops, nbytes = entry.roofline(specs, op.params)
     q1, median, q3 = _quartiles(ours)
     return {
-        "median_s": median, "iqr_s": q3 - q1, "flops": flops, "bytes": nbytes,
-        "baseline": base_label, "baseline_median_s": statistics.median(theirs),
+        "median_s": median,
+        "iqr_s": q3 - q1,
+        "flops": flops,
+        "bytes": nbytes,
+        "baseline": base_label,
+        "baseline_median_s": statistics.median(theirs),
         "calls": len(ours),
     }
 
@@ -207,15 +221,25 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         table.notes.append(f"CSV written to {args.csv}")
     failed = sum("error" in r for r in results)
-    report(args, [table], {
-        **chosen.facts(), "baseline": args.baseline,
-        "profile": None if profile is None else {
-            "name": profile.name, "source": profile.source, "path": profile.path,
-            "bandwidth_gbps": profile.bandwidth, "peak_gflops": profile.peak_gflops,
+    report(
+        args,
+        [table],
+        {
+            **chosen.facts(),
+            "baseline": args.baseline,
+            "profile": None
+            if profile is None
+            else {
+                "name": profile.name,
+                "source": profile.source,
+                "path": profile.path,
+                "bandwidth_gbps": profile.bandwidth,
+                "peak_gflops": profile.peak_gflops,
+            },
+            "failed": failed,
+            "results": results,
         },
-        "failed": failed,
-        "results": results,
-    })
+    )
     return 1 if failed else 0
 
 
@@ -231,11 +255,14 @@ def _baseline_note(baseline: str, device: str) -> str | None:
     return "baseline " + unclaimed_note(baseline, device, answer, named_by="--baseline")
 
 
-def _bench(cases: list, target: str, args: argparse.Namespace, profile: Any, progress: Progress,
-           results: list[dict[str, Any]]) -> None:
+def _bench(
+    cases: list, target: str, args: argparse.Namespace, profile: Any, progress: Progress, results: list[dict[str, Any]]
+) -> None:
     for case in cases:
         row: dict[str, Any] = {
-            "op": case.op, "workload": case.workload, "dtype": dtype_name(case.dtype),
+            "op": case.op,
+            "workload": case.workload,
+            "dtype": dtype_name(case.dtype),
             "shapes": " ".join(f"{k}{list(v)}" for k, v in case.shapes.items() if v is not None),
         }
         try:
@@ -270,23 +297,40 @@ def _derive(row: dict[str, Any], profile: Any) -> dict[str, Any]:
 def _table(target, device, scale, baseline, profile, results) -> Table:
     table = Table(
         f"bench: target {target} on {device} (workloads scaled: {scale}; baseline: {baseline})",
-        ["op", "workload", "dtype", "median us", "IQR us", "GB/s", "GFLOP/s",
-         "% roofline", "bound", f"{baseline} us", "speed-up"],
+        [
+            "op",
+            "workload",
+            "dtype",
+            "median us",
+            "IQR us",
+            "GB/s",
+            "GFLOP/s",
+            "% roofline",
+            "bound",
+            f"{baseline} us",
+            "speed-up",
+        ],
     )
     for r in results:
         if "error" in r:
             table.add(r["op"], r["workload"], r["dtype"], "ERROR", None, None, None, None, None, None, r["error"][:120])
             continue
         table.add(
-            r["op"], r["workload"], r["dtype"], r["median_s"] * 1e6, r["iqr_s"] * 1e6,
-            r["gbps"], r["gflops"],
+            r["op"],
+            r["workload"],
+            r["dtype"],
+            r["median_s"] * 1e6,
+            r["iqr_s"] * 1e6,
+            r["gbps"],
+            r["gflops"],
             None if r["roofline_pct"] is None else f"{r['roofline_pct']:.0f}%",
-            r.get("bound"), r["baseline_median_s"] * 1e6, f"{r['speedup']:.2f}x",
+            r.get("bound"),
+            r["baseline_median_s"] * 1e6,
+            f"{r['speedup']:.2f}x",
         )
     if profile is None:
         table.notes.append(
-            "no machine profile: % roofline left out; run `tileops profile-machine` (or pass "
-            "--profile) to get it"
+            "no machine profile: % roofline left out; run `tileops profile-machine` (or pass --profile) to get it"
         )
     else:
         _, bf16 = profile.compute("bfloat16")
@@ -325,8 +369,9 @@ _METRICS = (  # (result key, metric name, unit, scale)
 def _write_csv(path: str, target: str, device: str, results: list[dict[str, Any]]) -> None:
     with open(path, "w", newline="") as out:
         writer = csv.writer(out)
-        writer.writerow(["target", "device", "op", "workload", "dtype", "shapes", "baseline",
-                         "metric", "value", "unit"])
+        writer.writerow(
+            ["target", "device", "op", "workload", "dtype", "shapes", "baseline", "metric", "value", "unit"]
+        )
         for r in results:
             head = [target, device, r["op"], r["workload"], r["dtype"], r["shapes"], r.get("baseline")]
             if "error" in r:
@@ -356,13 +401,21 @@ def _plot(path: str, target: str, device: str, profile: Any, results: list[dict[
         xs = [lo * (hi / lo) ** (i / 127) for i in range(128)]
         for label, peak in roofs:
             if peak:
-                ax.plot(xs, [min(peak, x * profile.bandwidth) for x in xs],
-                        label=f"roof: {profile.bandwidth:.0f} GB/s, {label} {peak:.0f} GFLOP/s")
+                ax.plot(
+                    xs,
+                    [min(peak, x * profile.bandwidth) for x in xs],
+                    label=f"roof: {profile.bandwidth:.0f} GB/s, {label} {peak:.0f} GFLOP/s",
+                )
     markers = "os^vD<>ph*"
     for index, op in enumerate(names):
         mine = [r for r in points if r["op"] == op]
-        ax.scatter([r["flops"] / r["bytes"] for r in mine], [r["gflops"] for r in mine], label=op,
-                   s=24, marker=markers[index // 10 % len(markers)])
+        ax.scatter(
+            [r["flops"] / r["bytes"] for r in mine],
+            [r["gflops"] for r in mine],
+            label=op,
+            s=24,
+            marker=markers[index // 10 % len(markers)],
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte, manifest roofline)")

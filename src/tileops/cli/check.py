@@ -78,13 +78,17 @@ def summarise(target: str, device: str, scale: str, outcomes: Sequence) -> Table
         first = next((o.message for o in group if not o.passed), None)
         rtol, atol = references.tolerance(group[0].case.dtype)
         table.add(
-            op, dtype, "pass" if passed == len(group) else "FAIL", f"{passed}/{len(group)}",
-            max(errors) if errors else None, f"{rtol:g}, {atol:g}", _short(first),
+            op,
+            dtype,
+            "pass" if passed == len(group) else "FAIL",
+            f"{passed}/{len(group)}",
+            max(errors) if errors else None,
+            f"{rtol:g}, {atol:g}",
+            _short(first),
         )
     failed = sum(not o.passed for o in outcomes)
     table.notes.append(
-        f"{len(outcomes) - failed} passed, {failed} failed ({len(outcomes)} cases, "
-        f"{len(groups)} op x dtype)"
+        f"{len(outcomes) - failed} passed, {failed} failed ({len(outcomes)} cases, {len(groups)} op x dtype)"
     )
     return table
 
@@ -99,8 +103,11 @@ def _short(message: str | None, limit: int = 160) -> str | None:
 def write_junit(path: str, target: str, outcomes: Sequence) -> None:
     failed = sum(not o.passed for o in outcomes)
     suite = ET.Element(
-        "testsuite", name=f"tileops check {target}", tests=str(len(outcomes)),
-        failures=str(failed), errors="0",
+        "testsuite",
+        name=f"tileops check {target}",
+        tests=str(len(outcomes)),
+        failures=str(failed),
+        errors="0",
     )
     for outcome in outcomes:
         case = ET.SubElement(suite, "testcase", classname=f"{target}.{outcome.case.op}", name=str(outcome.case))

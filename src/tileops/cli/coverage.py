@@ -31,10 +31,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("target", metavar="TARGET", help="a registered target, e.g. native_cpu")
-    parser.add_argument("--model", metavar="CONFIG", required=True,
-                        help="a config.json (or its folder), or a model type such as llama")
-    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16",
-                        help="the dtype the model would run in (default bfloat16)")
+    parser.add_argument(
+        "--model", metavar="CONFIG", required=True, help="a config.json (or its folder), or a model type such as llama"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16"),
+        default="bfloat16",
+        help="the dtype the model would run in (default bfloat16)",
+    )
     add_json_option(parser)
     parser.set_defaults(run=run)
 
@@ -116,13 +121,13 @@ def run(args: argparse.Namespace) -> int:
     except UnsupportedModelError as error:
         table = Table(f"coverage: {model_name} on target {target}", ["op", "uses", "registered", "write order"])
         table.notes.append(f"the transformers integration cannot serve this model: {error}")
-        report(args, [table], {"target": target, "model": model_name, "served": False,
-                               "error": str(error)})
+        report(args, [table], {"target": target, "model": model_name, "served": False, "error": str(error)})
         return 1
     uses = ops_used(model)
     first_seen = {op: i for i, op in enumerate(uses)}
-    missing = sorted((op for op in uses if target not in registered_targets(op)),
-                     key=lambda op: (-uses[op], first_seen[op]))
+    missing = sorted(
+        (op for op in uses if target not in registered_targets(op)), key=lambda op: (-uses[op], first_seen[op])
+    )
     order = {op: i + 1 for i, op in enumerate(missing)}
     table = Table(
         f"coverage: {model_name} on target {target}",
@@ -132,15 +137,25 @@ def run(args: argparse.Namespace) -> int:
         table.add(op, uses[op], "yes" if op not in order else "MISSING", order.get(op))
     table.notes.append(
         f"{len(uses) - len(missing)} of {len(uses)} ops registered; "
-        + (f"missing, in the order to write them: {', '.join(missing)}" if missing
-           else f"{model_name} runs entirely on tileops ops that {target} serves")
+        + (
+            f"missing, in the order to write them: {', '.join(missing)}"
+            if missing
+            else f"{model_name} runs entirely on tileops ops that {target} serves"
+        )
     )
-    on_torch = Table("stays on torch (not a tileops op, or not served)", ["module", "feature", "why"],
-                     key="on_torch")
+    on_torch = Table("stays on torch (not a tileops op, or not served)", ["module", "feature", "why"], key="on_torch")
     for module, feature, why in enable_report.on_torch:
         on_torch.add(module, feature, why)
-    report(args, [table, on_torch], {
-        "target": target, "model": model_name, "served": True, "ops": dict(uses),
-        "registered": [op for op in uses if op not in order], "missing": missing,
-    })
+    report(
+        args,
+        [table, on_torch],
+        {
+            "target": target,
+            "model": model_name,
+            "served": True,
+            "ops": dict(uses),
+            "registered": [op for op in uses if op not in order],
+            "missing": missing,
+        },
+    )
     return 1 if missing else 0

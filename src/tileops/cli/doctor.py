@@ -29,17 +29,28 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 _FIXES = (
-    (r"written for tileops backend protocol", "install a release of the backend written for "
-     "this tileops' protocol major, or the tileops it was written for"),
-    (r"TILEOPS_PROTOCOL_VERSION must be", "declare TILEOPS_PROTOCOL_VERSION as a (major, minor) "
-     "pair of ints, e.g. tileops.backend.PROTOCOL_VERSION"),
-    (r"ImportError: cannot import name '\w+' from 'tileops", "the installed tileops is older "
-     "than the protocol this backend uses: upgrade tileops"),
-    (r"ModuleNotFoundError: No module named 'tileops", "tileops itself is missing from this "
-     "environment, or shadowed: install tileops"),
-    (r"ModuleNotFoundError: No module named '([\w.]+)'", "install the missing module {0!r} "
-     "(a vendor runtime or dependency of the backend), or fix the entry point if it names "
-     "a module that does not exist"),
+    (
+        r"written for tileops backend protocol",
+        "install a release of the backend written for this tileops' protocol major, or the tileops it was written for",
+    ),
+    (
+        r"TILEOPS_PROTOCOL_VERSION must be",
+        "declare TILEOPS_PROTOCOL_VERSION as a (major, minor) pair of ints, e.g. tileops.backend.PROTOCOL_VERSION",
+    ),
+    (
+        r"ImportError: cannot import name '\w+' from 'tileops",
+        "the installed tileops is older than the protocol this backend uses: upgrade tileops",
+    ),
+    (
+        r"ModuleNotFoundError: No module named 'tileops",
+        "tileops itself is missing from this environment, or shadowed: install tileops",
+    ),
+    (
+        r"ModuleNotFoundError: No module named '([\w.]+)'",
+        "install the missing module {0!r} "
+        "(a vendor runtime or dependency of the backend), or fix the entry point if it names "
+        "a module that does not exist",
+    ),
     (r"misinstall", "two installed packages claim one target: uninstall one of them (pip list)"),
 )
 
@@ -50,8 +61,10 @@ def fix_for(line: str) -> str:
         match = re.search(pattern, line)
         if match:
             return fix.format(*match.groups())
-    return ("the backend's import raised: fix the cause named here in the backend, or "
-            "uninstall it (tileops keeps working without it)")
+    return (
+        "the backend's import raised: fix the cause named here in the backend, or "
+        "uninstall it (tileops keeps working without it)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,8 +90,7 @@ def run(args: argparse.Namespace) -> int:
     for b in found:
         declared = None if b.declared_protocol is None else "%d.%d" % b.declared_protocol
         status = "loaded" if b.failure is None else "FAILED to load"
-        installed.add(b.name, b.distribution, b.version, b.module, list(b.targets),
-                      declared or "undeclared", status)
+        installed.add(b.name, b.distribution, b.version, b.module, list(b.targets), declared or "undeclared", status)
         protocol.add(b.name, declared or "undeclared", _protocol_verdict(b, PROTOCOL_VERSION))
     if not found:
         installed.notes.append(
@@ -115,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
         claimants = [row[0] for row in detectors.rows if row[1 + devices.index(name)] == "yes"]
         if len(claimants) > 1:
             detectors.notes.append(
-                f"{name}: claimed by {claimants}; ops there need target= or "
-                "tileops.backend.set_default_target"
+                f"{name}: claimed by {claimants}; ops there need target= or tileops.backend.set_default_target"
             )
 
     chosen = default_target()
@@ -124,20 +135,23 @@ def run(args: argparse.Namespace) -> int:
     if chosen is None:
         default.add("none", "device detection chooses per op instance (no program set a default)")
     else:
-        default.add(repr(chosen) if not isinstance(chosen, str) else chosen,
-                    "set by set_default_target in this process")
+        default.add(
+            repr(chosen) if not isinstance(chosen, str) else chosen, "set by set_default_target in this process"
+        )
 
     declared_ops = manifest.all_entries()
     stray = Table(
         "builders under op names no manifest declares (never called)",
-        ["op name", "target", "builder", "did you mean"], key="undeclared_ops",
+        ["op name", "target", "builder", "did you mean"],
+        key="undeclared_ops",
     )
     for op, target in _C.process_registry.builder_keys():
         if op in declared_ops:
             continue
         close = difflib.get_close_matches(op, declared_ops, n=1, cutoff=0.5)
-        stray.add(op, target, _C.process_registry.builder_name(op, target),
-                  f"did you mean {close[0]!r}?" if close else None)
+        stray.add(
+            op, target, _C.process_registry.builder_name(op, target), f"did you mean {close[0]!r}?" if close else None
+        )
         problems += 1
     if not stray.rows:
         stray.notes.append("none: every builder is registered under a manifest op name")
@@ -164,6 +178,8 @@ def _protocol_verdict(info, ours: tuple[int, int]) -> str:
             return "unknown (the import failed before it could be read)"
         return "accepted (no TILEOPS_PROTOCOL_VERSION declared)"
     if declared[1] > ours[1]:
-        return (f"loaded, but written for a newer minor ({declared[0]}.{declared[1]} > "
-                f"{ours[0]}.{ours[1]}): features it expects may be missing; upgrade tileops")
+        return (
+            f"loaded, but written for a newer minor ({declared[0]}.{declared[1]} > "
+            f"{ours[0]}.{ours[1]}): features it expects may be missing; upgrade tileops"
+        )
     return "ok"

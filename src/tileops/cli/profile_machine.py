@@ -30,15 +30,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--out", metavar="F.yaml", default=None,
-                        help=f"where to write the profile (default: {default_path()})")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads to run on (default: every CPU this process may use)")
-    parser.add_argument("--mib", type=int, default=256,
-                        help="bandwidth buffer size in MiB (default 256: past the caches)")
+    parser.add_argument(
+        "--out", metavar="F.yaml", default=None, help=f"where to write the profile (default: {default_path()})"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="threads to run on (default: every CPU this process may use)"
+    )
+    parser.add_argument(
+        "--mib", type=int, default=256, help="bandwidth buffer size in MiB (default 256: past the caches)"
+    )
     parser.add_argument("--repeats", type=int, default=7, help="repeats per probe (default 7)")
-    parser.add_argument("--ms", type=float, default=50.0,
-                        help="milliseconds per repeat of a compute probe (default 50)")
+    parser.add_argument(
+        "--ms", type=float, default=50.0, help="milliseconds per repeat of a compute probe (default 50)"
+    )
     add_json_option(parser)
     parser.set_defaults(run=run)
 
@@ -70,9 +74,7 @@ def run(args: argparse.Namespace) -> int:
     probes = _C.machine
     threads = _threads(args.threads)
     if args.mib < 1 or args.repeats < 1 or not args.ms > 0:
-        raise UsageError(
-            f"--mib, --repeats and --ms must be positive, got {args.mib}, {args.repeats}, {args.ms}"
-        )
+        raise UsageError(f"--mib, --repeats and --ms must be positive, got {args.mib}, {args.repeats}, {args.ms}")
     out = Path(args.out) if args.out else default_path()
     progress = Progress("profile-machine", 4)
     table = Table(
@@ -85,13 +87,19 @@ def run(args: argparse.Namespace) -> int:
     for kind in ("read", "copy"):
         rates = probes.bandwidth(kind, args.mib, threads, args.repeats)
         bandwidth[kind] = round(max(rates), 2)
-        table.add(f"{kind} bandwidth", max(rates), statistics.median(rates), "GB/s",
-                  f"{args.mib} MiB, {'bytes read + written' if kind == 'copy' else 'bytes read'}")
+        table.add(
+            f"{kind} bandwidth",
+            max(rates),
+            statistics.median(rates),
+            "GB/s",
+            f"{args.mib} MiB, {'bytes read + written' if kind == 'copy' else 'bytes read'}",
+        )
         progress.step(f"{kind} bandwidth")
     rates = probes.fp32_fma_peak(threads, args.repeats, args.ms)
     peaks["fp32_fma"] = round(max(rates), 2)
-    table.add("fp32 FMA peak", max(rates), statistics.median(rates), "GFLOP/s",
-              f"{probes.fp32_fma_isa()}, an FMA is 2 FLOP")
+    table.add(
+        "fp32 FMA peak", max(rates), statistics.median(rates), "GFLOP/s", f"{probes.fp32_fma_isa()}, an FMA is 2 FLOP"
+    )
     progress.step("fp32 FMA")
     missing = probes.bf16_dot_missing()
     if missing:
@@ -101,15 +109,26 @@ def run(args: argparse.Namespace) -> int:
     else:
         rates = probes.bf16_dot_peak(threads, args.repeats, args.ms)
         peaks["bf16_dot"] = round(max(rates), 2)
-        table.add("bf16 dot peak", max(rates), statistics.median(rates), "GFLOP/s",
-                  "avx512bf16 vdpbf16ps, 64 FLOP per instruction")
+        table.add(
+            "bf16 dot peak",
+            max(rates),
+            statistics.median(rates),
+            "GFLOP/s",
+            "avx512bf16 vdpbf16ps, 64 FLOP per instruction",
+        )
     progress.step("bf16 dot")
     profile = Profile(
-        name=cpu_name(), kind="cpu", source="measured", bandwidth_gbps=bandwidth,
-        peak_gflops=peaks, calibration={"bandwidth": 1.0, "compute": 1.0},
+        name=cpu_name(),
+        kind="cpu",
+        source="measured",
+        bandwidth_gbps=bandwidth,
+        peak_gflops=peaks,
+        calibration={"bandwidth": 1.0, "compute": 1.0},
         unavailable=unavailable,
         details={
-            "threads": threads, "mib": args.mib, "repeats": args.repeats,
+            "threads": threads,
+            "mib": args.mib,
+            "repeats": args.repeats,
             "fp32_fma_isa": probes.fp32_fma_isa(),
             "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(),
@@ -121,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"--out: cannot write the profile to {str(out)!r}: {error}") from None
     table.notes.append(f"profile written to {out}")
-    report(args, [table], {"profile": str(out), "bandwidth_gbps": bandwidth,
-                           "peak_gflops": peaks, "unavailable": unavailable})
+    report(
+        args,
+        [table],
+        {"profile": str(out), "bandwidth_gbps": bandwidth, "peak_gflops": peaks, "unavailable": unavailable},
+    )
     return 0

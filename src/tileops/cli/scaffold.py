@@ -44,7 +44,6 @@ DEFAULT_OPS = ("RMSNormFwdOp",)
 _LOWER_IDENTIFIER = re.compile(r"[a-z][a-z0-9_]*")
 
 
-
 # ---- validation ----------------------------------------------------------------------
 
 
@@ -113,10 +112,7 @@ def builder_stub(op: str) -> str:
             lines.append(f"#     {p.name}: {p.type}  ({default})")
     lines.append(f"#   kernel roles in tileops (never handed over): {', '.join(entry.kernel_map)}")
 
-    args = [
-        f"{d.name}: TensorSpec | None" if d.optional else f"{d.name}: TensorSpec"
-        for d in entry.inputs
-    ]
+    args = [f"{d.name}: TensorSpec | None" if d.optional else f"{d.name}: TensorSpec" for d in entry.inputs]
     params = [p.name for p in entry.params]
     if params:
         args += ["*", *params]
@@ -158,9 +154,7 @@ def _values(name: str, device_type: str, ops: Sequence[str]) -> dict[str, str]:
         "ops_literal": repr(list(ops)),
         "other_op_literal": repr(other_op),
         "class_prefix": name.title().replace("_", ""),
-        "ops_table": "\n".join(
-            f"| `{op}` | `{builder_name(op)}` | `{manifest.entry(op).source.name}` |" for op in ops
-        ),
+        "ops_table": "\n".join(f"| `{op}` | `{builder_name(op)}` | `{manifest.entry(op).source.name}` |" for op in ops),
         "builders": "\n\n\n".join(builder_stub(op) for op in ops),
         "registrations": "\n".join(registration(op) for op in ops),
     }
@@ -190,10 +184,7 @@ def new_backend(
         raise UsageError(f"--dest {str(parent)!r} is a file, not a directory")
     folder = parent / f"tileops-backend-{name}"
     if folder.exists() or folder.is_symlink():
-        raise UsageError(
-            f"{str(folder)!r} already exists; refusing to overwrite it. Remove it, or pass "
-            f"another --dest"
-        )
+        raise UsageError(f"{str(folder)!r} already exists; refusing to overwrite it. Remove it, or pass another --dest")
     values = _values(name, device_type, ops)
     parent.mkdir(parents=True, exist_ok=True)
     staging = parent / f".{folder.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -225,15 +216,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     new.add_argument("name", metavar="NAME", help="target name, lowercase identifier (e.g. acme)")
     new.add_argument(
-        "--device-type", metavar="TYPE", default=None,
+        "--device-type",
+        metavar="TYPE",
+        default=None,
         help="the torch device type the detector claims (default: NAME)",
     )
     new.add_argument(
-        "--ops", metavar="OP,...", default=None,
+        "--ops",
+        metavar="OP,...",
+        default=None,
         help=f"manifest ops to write builder stubs for (default: {','.join(DEFAULT_OPS)})",
     )
     new.add_argument(
-        "--dest", metavar="DIR", default=".",
+        "--dest",
+        metavar="DIR",
+        default=".",
         help="folder in which tileops-backend-NAME is created (default: current folder)",
     )
     new.set_defaults(run=run)

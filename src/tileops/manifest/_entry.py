@@ -138,10 +138,7 @@ class OpEntry:
         """
         unknown = [k for k in given if k not in self._param_types]
         if unknown:
-            raise TypeError(
-                f"{self.name}: unknown param {unknown[0]!r}; "
-                f"known params: {list(self._param_names)}"
-            )
+            raise TypeError(f"{self.name}: unknown param {unknown[0]!r}; known params: {list(self._param_names)}")
         out: dict[str, Any] = {}
         missing = []
         for decl in self.params:
@@ -150,8 +147,7 @@ class OpEntry:
                 ok, converted = self._param_types[decl.name].convert(value)
                 if not ok:
                     raise TypeError(
-                        f"{self.name}: param '{decl.name}' expects {decl.type}, "
-                        f"got {value!r} ({type(value).__name__})"
+                        f"{self.name}: param '{decl.name}' expects {decl.type}, got {value!r} ({type(value).__name__})"
                     )
                 out[decl.name] = converted
             elif decl.required:
@@ -183,8 +179,7 @@ class OpEntry:
         specs = tuple(specs)
         if len(specs) != len(self.inputs):
             raise TypeError(
-                f"{self.name}: expects {len(self.inputs)} inputs {list(self._input_names)}, "
-                f"got {len(specs)}"
+                f"{self.name}: expects {len(self.inputs)} inputs {list(self._input_names)}, got {len(specs)}"
             )
         views: dict[str, TensorView | None] = {}
         first_device: tuple[str, object] | None = None
@@ -216,8 +211,7 @@ class OpEntry:
                 assert decl.dtypes is not None
                 if dtype not in decl.dtypes:
                     raise ValueError(
-                        f"{self.name}: input '{decl.name}' expects dtype "
-                        f"{dtype_rule_text(decl.dtypes)}, got {dtype}"
+                        f"{self.name}: input '{decl.name}' expects dtype {dtype_rule_text(decl.dtypes)}, got {dtype}"
                     )
             else:
                 ref = views[decl.same_as]  # an earlier, required input (checked at load)
@@ -244,9 +238,7 @@ class OpEntry:
         named = self.upstream.dims + self.upstream.limits
         return {name: int(self._eval(expr, ns, f"upstream.{name}")) for name, expr in named}
 
-    def call_params(
-        self, specs: Sequence[object | None], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    def call_params(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> dict[str, Any]:
         """The params a builder receives: ``resolve:`` expressions applied, values concrete.
 
         Resolution is idempotent, so passing call params again returns them unchanged.
@@ -255,9 +247,7 @@ class OpEntry:
             return dict(params)
         return self._resolved(self._views(specs), params)
 
-    def output_meta(
-        self, specs: Sequence[object | None], params: Mapping[str, Any]
-    ) -> list[tuple[torch.dtype, Shape]]:
+    def output_meta(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> list[tuple[torch.dtype, Shape]]:
         """(dtype, shape) per declared output, for inputs that passed ``check_inputs``."""
         views = self._views(specs)
         ns = namespace({**views, **self._resolved(views, params)})
@@ -268,9 +258,7 @@ class OpEntry:
             try:
                 shape = tuple(int(d) for d in value)
             except TypeError:
-                raise ManifestError(
-                    self.source, self.name, field, f"gave {value!r}, not a sequence of ints"
-                ) from None
+                raise ManifestError(self.source, self.name, field, f"gave {value!r}, not a sequence of ints") from None
             if out.dtype is not None:
                 meta.append((out.dtype, shape))
                 continue
@@ -280,9 +268,7 @@ class OpEntry:
             meta.append((view.dtype, shape))
         return meta
 
-    def roofline(
-        self, specs: Sequence[object | None], params: Mapping[str, Any]
-    ) -> tuple[int, int]:
+    def roofline(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> tuple[int, int]:
         """(flops, bytes) for one call; ``eb`` is the first input's element size."""
         views = self._views(specs)
         first = views[self._input_names[0]]
@@ -369,14 +355,9 @@ class OpEntry:
     # --- internals --------------------------------------------------------------------
 
     def _views(self, specs: Sequence[object | None]) -> dict[str, TensorView | None]:
-        return {
-            name: None if spec is None else view_of(spec)
-            for name, spec in zip(self._input_names, specs)
-        }
+        return {name: None if spec is None else view_of(spec) for name, spec in zip(self._input_names, specs)}
 
-    def _resolved(
-        self, views: dict[str, TensorView | None], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    def _resolved(self, views: dict[str, TensorView | None], params: Mapping[str, Any]) -> dict[str, Any]:
         out = dict(params)
         if self._resolves:
             ns = namespace({**views, **params})
@@ -401,10 +382,7 @@ class OpEntry:
             holds = bool(rule(ns))
         except Exception as exc:  # noqa: BLE001 - e.g. x.shape[-1] of a 0-d tensor: the call's fault
             raise ValueError(
-                f"{self.name}: {kind} `{rule.source}` does not hold "
-                f"({type(exc).__name__}: {exc}): {rule.describe(ns)}"
+                f"{self.name}: {kind} `{rule.source}` does not hold ({type(exc).__name__}: {exc}): {rule.describe(ns)}"
             ) from None
         if not holds:
-            raise ValueError(
-                f"{self.name}: {kind} `{rule.source}` does not hold: {rule.describe(ns)}"
-            )
+            raise ValueError(f"{self.name}: {kind} `{rule.source}` does not hold: {rule.describe(ns)}")

@@ -66,9 +66,7 @@ def broadcastable(*shapes: Iterable[int]) -> bool:
     return True
 
 
-def reduced_shape(
-    shape: Iterable[int], dim: int | Iterable[int] | None, keepdim: bool
-) -> tuple[int, ...]:
+def reduced_shape(shape: Iterable[int], dim: int | Iterable[int] | None, keepdim: bool) -> tuple[int, ...]:
     """Shape after reducing ``dim`` (None or empty = every axis), as torch.sum does."""
     shape = tuple(shape)
     ndim = len(shape)
@@ -216,16 +214,9 @@ def compile_expr(source: object, filename: str, allowed: set[str], reported: set
             and node.id not in allowed
             and node.id not in local
         ):
-            raise ExprError(
-                f"`{text}` reads unknown name {node.id!r}; it may read {sorted(allowed)}"
-            )
+            raise ExprError(f"`{text}` reads unknown name {node.id!r}; it may read {sorted(allowed)}")
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Name)
-            and node.id in reported
-            and node.id not in local
-            and id(node) not in attr_names
-        ):
+        if isinstance(node, ast.Name) and node.id in reported and node.id not in local and id(node) not in attr_names:
             reads.append((node.lineno, node.col_offset, node.id, None))
 
     seen: set[tuple[str, str | None]] = set()

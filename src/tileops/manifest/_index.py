@@ -114,9 +114,7 @@ def merge(files: Iterable[list[Declared]]) -> dict[str, Declared]:
         for item in declared:
             earlier = index.get(item.name)
             if earlier is not None:
-                raise ManifestError(
-                    item.source, item.name, None, f"op is also declared in {earlier.source}"
-                )
+                raise ManifestError(item.source, item.name, None, f"op is also declared in {earlier.source}")
             index[item.name] = item
     return index
 

@@ -135,22 +135,16 @@ class _Ctx:
 
     def expr(self, source: Any, field: str, allowed: set[str], reported: set[str]) -> Expr:
         try:
-            return compile_expr(
-                source, f"{self.path.name}:{self.entry}.{field}", allowed | set(HELPERS), reported
-            )
+            return compile_expr(source, f"{self.path.name}:{self.entry}.{field}", allowed | set(HELPERS), reported)
         except ExprError as exc:
             raise self.error(field, str(exc)) from None
 
-    def expr_list(
-        self, value: Any, field: str, allowed: set[str], reported: set[str]
-    ) -> tuple[Expr, ...]:
+    def expr_list(self, value: Any, field: str, allowed: set[str], reported: set[str]) -> tuple[Expr, ...]:
         if value is None:
             return ()
         if not isinstance(value, list):
             raise self.error(field, f"expected a list of expressions, got {value!r}")
-        return tuple(
-            self.expr(src, f"{field}[{i}]", allowed, reported) for i, src in enumerate(value)
-        )
+        return tuple(self.expr(src, f"{field}[{i}]", allowed, reported) for i, src in enumerate(value))
 
 
 def _resolve_ref_api(ctx: _Ctx, value: Any) -> str | None:
@@ -176,9 +170,7 @@ def _modules(ctx: _Ctx, value: Any) -> tuple[str, ...]:
         raise ctx.error("module", "expected a module path or a non-empty list of them")
     for path in paths:
         if not is_module_path(path):
-            raise ctx.error(
-                "module", f"expected a dotted module path under {OPS_PACKAGE}, got {path!r}"
-            )
+            raise ctx.error("module", f"expected a dotted module path under {OPS_PACKAGE}, got {path!r}")
     if len(set(paths)) != len(paths):
         raise ctx.error("module", f"names a module twice: {paths!r}")
     return tuple(paths)
@@ -203,8 +195,7 @@ def _inputs(ctx: _Ctx, raw: Any) -> tuple[InputDecl, ...]:
             if same_as not in earlier:
                 raise ctx.error(
                     f"{f}.dtype",
-                    f"same_as({same_as}) must name an earlier input; "
-                    f"earlier inputs: {list(earlier)}",
+                    f"same_as({same_as}) must name an earlier input; earlier inputs: {list(earlier)}",
                 )
             if earlier[same_as].optional:
                 raise ctx.error(f"{f}.dtype", f"same_as({same_as}) names an optional input")
@@ -214,9 +205,7 @@ def _inputs(ctx: _Ctx, raw: Any) -> tuple[InputDecl, ...]:
     return tuple(decls)
 
 
-def _params(
-    ctx: _Ctx, raw: Any, taken: set[str]
-) -> tuple[tuple[ParamDecl, ...], dict[str, ParamType], dict[str, Any]]:
+def _params(ctx: _Ctx, raw: Any, taken: set[str]) -> tuple[tuple[ParamDecl, ...], dict[str, ParamType], dict[str, Any]]:
     field = "signature.params"
     decls: list[ParamDecl] = []
     types: dict[str, ParamType] = {}
@@ -243,19 +232,14 @@ def _params(
                 raise ctx.error(
                     f"{f}.default",
                     f"{raw_default!r} ({type(raw_default).__name__}) is not a {ptype.text}"
-                    + (
-                        " (YAML reads 1e-6 as a string: write 1.0e-6)"
-                        if isinstance(raw_default, str)
-                        else ""
-                    ),
+                    + (" (YAML reads 1e-6 as a string: write 1.0e-6)" if isinstance(raw_default, str) else ""),
                 )
         if not kw_only:
             # The op's __init__ takes these positionally: no required one after a default.
             if required and seen_default:
                 raise ctx.error(
                     f,
-                    "a required positional param cannot follow one with a default; "
-                    "mark it kw_only or move it",
+                    "a required positional param cannot follow one with a default; mark it kw_only or move it",
                 )
             seen_default = seen_default or not required
         if "resolve" in spec:
@@ -265,9 +249,7 @@ def _params(
     return tuple(decls), types, resolve_src
 
 
-def _value_rules(
-    ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: set[str]
-) -> tuple[ValueRule, ...]:
+def _value_rules(ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: set[str]) -> tuple[ValueRule, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -282,9 +264,7 @@ def _value_rules(
     return tuple(rules)
 
 
-def _upstream(
-    ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: tuple[ParamDecl, ...]
-) -> Upstream | None:
+def _upstream(ctx: _Ctx, raw: Any, inputs: tuple[InputDecl, ...], params: tuple[ParamDecl, ...]) -> Upstream | None:
     if raw is None:
         return None
     accepted: dict[str, Any] = {}
@@ -316,14 +296,11 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
     param_names = {p.name for p in params}
     names = input_names | param_names
 
-    param_rules = ctx.expr_list(
-        sig.get("param_rules"), "signature.param_rules", param_names, param_names
-    )
+    param_rules = ctx.expr_list(sig.get("param_rules"), "signature.param_rules", param_names, param_names)
     shape_rules = ctx.expr_list(sig.get("shape_rules"), "signature.shape_rules", names, names)
     value_rules = _value_rules(ctx, sig.get("value_rules"), inputs, param_names)
     resolves = tuple(
-        (p, ctx.expr(src, f"signature.params.{p}.resolve", names, names))
-        for p, src in resolve_src.items()
+        (p, ctx.expr(src, f"signature.params.{p}.resolve", names, names)) for p, src in resolve_src.items()
     )
 
     outputs: list[OutputDecl] = []
@@ -439,9 +416,7 @@ def _workload(ctx: _Ctx, entry: OpEntry, index: int, raw: Any) -> _Workload:
 
     dtypes_raw = raw.get("dtypes")
     if not isinstance(dtypes_raw, list) or not dtypes_raw:
-        raise ctx.error(
-            f"{field}.dtypes", f"expected a non-empty list of dtypes, got {dtypes_raw!r}"
-        )
+        raise ctx.error(f"{field}.dtypes", f"expected a non-empty list of dtypes, got {dtypes_raw!r}")
     try:
         dtypes = tuple(parse_dtype(d) for d in dtypes_raw)
     except TypeSyntaxError as exc:
@@ -494,8 +469,6 @@ def load_paths(paths: Iterable[str | Path]) -> dict[str, OpEntry]:
     for path in files:
         for name, entry in load_file(path).items():
             if name in entries:
-                raise ManifestError(
-                    path, name, None, f"op is also declared in {entries[name].source}"
-                )
+                raise ManifestError(path, name, None, f"op is also declared in {entries[name].source}")
             entries[name] = entry
     return entries

@@ -45,16 +45,12 @@ TINY_BUDGET, TINY_FLOOR = 512, 2
 def _map_param(value: Any, sizes: dict[int, int]) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         return sizes.get(value, value)
-    if isinstance(value, tuple) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
+    if isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(sizes.get(v, v) for v in value)
     return value
 
 
-def _valid(
-    entry: OpEntry, shapes: dict[str, Shape | None], params: dict[str, Any], dtype: torch.dtype
-) -> bool:
+def _valid(entry: OpEntry, shapes: dict[str, Shape | None], params: dict[str, Any], dtype: torch.dtype) -> bool:
     try:
         entry.init_params(params)
         entry.check_inputs(entry.case_specs(shapes, dtype), params)
@@ -79,10 +75,7 @@ def scale_case(
 
     def mapped() -> tuple[dict[str, Shape | None], dict[str, Any]]:
         return (
-            {
-                k: None if s is None else tuple(sizes.get(d, d) for d in s)
-                for k, s in shapes.items()
-            },
+            {k: None if s is None else tuple(sizes.get(d, d) for d in s) for k, s in shapes.items()},
             {k: _map_param(v, sizes) for k, v in params.items()},
         )
 
@@ -90,8 +83,7 @@ def scale_case(
     while True:
         big_inputs = [k for k, s in cur_shapes.items() if s is not None and math.prod(s) > budget]
         big_output = any(
-            math.prod(shape) > budget
-            for _, shape in entry.output_meta(entry.case_specs(cur_shapes, dtype), cur_params)
+            math.prod(shape) > budget for _, shape in entry.output_meta(entry.case_specs(cur_shapes, dtype), cur_params)
         )
         if not big_inputs and not big_output:
             return cur_shapes, cur_params
@@ -99,9 +91,7 @@ def scale_case(
         # may shrink through any dim.
         pool = {d for k in big_inputs for d in shapes[k] or ()} if big_inputs else set(classes)
         candidates = [
-            v
-            for v in classes
-            if v in pool and v not in frozen and sizes[v] % 2 == 0 and sizes[v] // 2 >= floor
+            v for v in classes if v in pool and v not in frozen and sizes[v] % 2 == 0 and sizes[v] // 2 >= floor
         ]
         if not candidates:
             return cur_shapes, cur_params  # best effort; the caller's tests check the budget

@@ -89,9 +89,7 @@ class Upstream:
 
     # --- construction -------------------------------------------------------------
 
-    def claims(
-        self, args: tuple, kwargs: Mapping[str, Any], ours: Collection[str], ours_positional: int
-    ) -> bool:
+    def claims(self, args: tuple, kwargs: Mapping[str, Any], ours: Collection[str], ours_positional: int) -> bool:
         """Whether a constructor call is in upstream's form: it passes an argument our form
         lacks (by keyword, or by position past ours), or upstream's leading shape arguments
         by position, as ints (where our form has a bool, a float or None among them)."""
@@ -148,9 +146,7 @@ class Upstream:
     def _dtype_arg(self, name: str, value: Any) -> torch.dtype:
         served = self.served_dtypes[name]
         if not isinstance(value, torch.dtype):
-            raise TypeError(
-                f"{self.op}: {name} must be a torch.dtype, got {value!r} ({type(value).__name__})"
-            )
+            raise TypeError(f"{self.op}: {name} must be a torch.dtype, got {value!r} ({type(value).__name__})")
         if value not in served:
             raise ValueError(
                 f"{self.op}: {name}={value} is not served here (the tensors it names may be "
@@ -220,9 +216,7 @@ def _same(a: Any, b: Any) -> bool:
 # --- loading --------------------------------------------------------------------------
 
 
-def parse(
-    ctx: Any, raw: Any, inputs: Mapping[str, tuple[torch.dtype, ...]], params: Mapping[str, Any]
-) -> Upstream:
+def parse(ctx: Any, raw: Any, inputs: Mapping[str, tuple[torch.dtype, ...]], params: Mapping[str, Any]) -> Upstream:
     """The entry's ``upstream:`` section. ``inputs``: input -> the dtypes it accepts;
     ``params``: manifest param -> its ParamDecl. Every error names the field."""
     field = "upstream"
@@ -251,9 +245,7 @@ def parse(
         for name, value in ctx.mapping(raw.get("knobs"), f"{field}.knobs").items()
     }
     forward = raw.get("forward") or []
-    if not isinstance(forward, list) or any(
-        not isinstance(n, str) or n in input_names for n in forward
-    ):
+    if not isinstance(forward, list) or any(not isinstance(n, str) or n in input_names for n in forward):
         raise ctx.error(
             f"{field}.forward",
             f"expected a list of argument names that are not inputs, got {forward!r}",
@@ -264,15 +256,12 @@ def parse(
     if init is not None:
         upstream_params = _parse_init(ctx, f"{field}.init", init)
         names = [p.name for p in upstream_params]
-        special = (
-            {n for n, _ in dims + limits} | {n for n, _ in dtypes} | set(knobs) | set(_FRAMEWORK)
-        )
+        special = {n for n, _ in dims + limits} | {n for n, _ in dtypes} | set(knobs) | set(_FRAMEWORK)
         for name in names:
             if name not in params and name not in special:
                 raise ctx.error(
                     f"{field}.init",
-                    f"{name!r} is no manifest param, dim, limit, dtype, knob or "
-                    "kernel_map / tune: say what it is",
+                    f"{name!r} is no manifest param, dim, limit, dtype, knob or kernel_map / tune: say what it is",
                 )
         for name in special - set(_FRAMEWORK):
             if name not in names:
@@ -280,9 +269,7 @@ def parse(
         derived = exprs("params", set(names))
         for name, _ in derived:
             if name not in params or name in names:
-                raise ctx.error(
-                    f"{field}.params.{name}", "must be a manifest param that upstream's init lacks"
-                )
+                raise ctx.error(f"{field}.params.{name}", "must be a manifest param that upstream's init lacks")
         for name, decl in params.items():
             if decl.required and name not in names and name not in dict(derived):
                 raise ctx.error(
@@ -292,15 +279,9 @@ def parse(
         for name, knob in knobs.items():
             default = next(p.default for p in upstream_params if p.name == name)
             if knob.served is not None and not any(_same(default, v) for v in knob.served):
-                raise ctx.error(
-                    f"{field}.knobs.{name}", f"upstream's default {default!r} must be served"
-                )
+                raise ctx.error(f"{field}.knobs.{name}", f"upstream's default {default!r} must be served")
         # Ours, by keyword: the params upstream's constructor lacks (windows), and target.
-        ours = [
-            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_UNSET)
-            for n in params
-            if n not in names
-        ]
+        ours = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=_UNSET) for n in params if n not in names]
         ours += [
             inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d)
             for n, d in _FRAMEWORK.items()
@@ -337,8 +318,7 @@ def _knob(ctx: Any, field: str, value: Any) -> Knob:
     if not isinstance(value, list) or not value:
         raise ctx.error(
             field,
-            f"expected 'any', a list of served values or {{served: [...], hint: ...}}, "
-            f"got {value!r}",
+            f"expected 'any', a list of served values or {{served: [...], hint: ...}}, got {value!r}",
         )
     return Knob(tuple(_value(ctx, field, v) for v in value), hint)
 
@@ -366,9 +346,7 @@ def _parse_init(ctx: Any, field: str, text: Any) -> list[inspect.Parameter]:
     out = []
     defaults = [None] * (len(args.args) - len(args.defaults)) + list(args.defaults)
     kinds = [(a, d, inspect.Parameter.POSITIONAL_OR_KEYWORD) for a, d in zip(args.args, defaults)]
-    kinds += [
-        (a, d, inspect.Parameter.KEYWORD_ONLY) for a, d in zip(args.kwonlyargs, args.kw_defaults)
-    ]
+    kinds += [(a, d, inspect.Parameter.KEYWORD_ONLY) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
     for arg, node, kind in kinds:
         default = inspect.Parameter.empty if node is None else _default(ctx, field, arg.arg, node)
         out.append(inspect.Parameter(arg.arg, kind, default=default))
@@ -376,11 +354,7 @@ def _parse_init(ctx: Any, field: str, text: Any) -> list[inspect.Parameter]:
 
 
 def _default(ctx: Any, field: str, name: str, node: ast.expr) -> Any:
-    if (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "torch"
-    ):
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
         return _value(ctx, f"{field}.{name}", f"torch.{node.attr}")
     try:
         return ast.literal_eval(node)

@@ -80,7 +80,9 @@ class ValueRule:
                 else:
                     b, a = stack.pop(), stack.pop()
                     code = term[1]
-                    stack.append(a + b if code == _ADD else a - b if code == _SUB else a * b if code == _MUL else a // b)
+                    stack.append(
+                        a + b if code == _ADD else a - b if code == _SUB else a * b if code == _MUL else a // b
+                    )
             out.append(stack[0])
         return out
 
@@ -169,9 +171,11 @@ def _scalar(node: ast.expr, inputs: set[str], params: set[str]) -> list[Term]:
             raise ValueRuleError(f"{ast.unparse(node)!r}: the axis must be an int literal")
         return [("dim", node.value.value.id, index)]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return [*_scalar(node.left, inputs, params), *_scalar(node.right, inputs, params), ("op", _BINARY[type(node.op)])]
+        return [
+            *_scalar(node.left, inputs, params),
+            *_scalar(node.right, inputs, params),
+            ("op", _BINARY[type(node.op)]),
+        ]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return [*_scalar(node.operand, inputs, params), ("op", _NEG)]
-    raise ValueRuleError(
-        f"{ast.unparse(node)!r}: a scalar is an int, an int param, x.shape[i], or + - * // of those"
-    )
+    raise ValueRuleError(f"{ast.unparse(node)!r}: a scalar is an int, an int param, x.shape[i], or + - * // of those")

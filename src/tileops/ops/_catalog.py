@@ -123,8 +123,7 @@ def _make(entry: manifest.OpEntry) -> type[Op]:
         return _generate(entry, home)
     if not (isinstance(cls, type) and issubclass(cls, Op) and cls._entry is entry):
         raise ImportError(
-            f"{home}.{entry.name} is not the op class of manifest entry {entry.name} "
-            f"({entry.source.name}); got {cls!r}"
+            f"{home}.{entry.name} is not the op class of manifest entry {entry.name} ({entry.source.name}); got {cls!r}"
         )
     return cls
 
@@ -211,9 +210,7 @@ class _GeneratedModules:
     """Finder and loader of the modules that manifests name and no file holds. It sits at
     the end of ``sys.meta_path``, so it is asked only where no file answered."""
 
-    def find_spec(
-        self, fullname: str, path: Any = None, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_PACKAGE + ".") or fullname not in _layout().modules:
             return None
         # a package, so deeper generated paths can sit under it

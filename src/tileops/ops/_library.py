@@ -89,11 +89,7 @@ def _schema(cls: type, mutating: bool, returns: bool) -> str:
     outputs = (
         "()"
         if not returns
-        else (
-            "Tensor"
-            if len(entry.outputs) == 1
-            else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")"
-        )
+        else ("Tensor" if len(entry.outputs) == 1 else "(" + ", ".join("Tensor" for _ in entry.outputs) + ")")
     )
     return f"({', '.join(args)}) -> {outputs}"
 
@@ -124,9 +120,7 @@ def _define(cls: Any) -> None:
         tensors = args[:n_inputs]
         rest = args[n_inputs:]
         params = dict(zip(param_names, rest[: len(param_names)]))
-        extras = dict(
-            zip(extra_names, rest[len(param_names) : len(param_names) + len(extra_names)])
-        )
+        extras = dict(zip(extra_names, rest[len(param_names) : len(param_names) + len(extra_names)]))
         return tensors, params, extras, rest[-1]
 
     def real(*args: Any) -> Any:

@@ -31,8 +31,7 @@ _DLPACK_DEVICES = {"cpu": 1, "cuda": 2}
 _CPU_INDEX = -1  # torch.device("cpu") has no index
 
 _dtype_words: dict[torch.dtype, int] = {
-    dtype: (code << 24) | (bits << 16) | lanes
-    for dtype, (code, bits, lanes) in _DLPACK_DTYPES.items()
+    dtype: (code << 24) | (bits << 16) | lanes for dtype, (code, bits, lanes) in _DLPACK_DTYPES.items()
 }
 _device_words: dict[str, int] = dict(_DLPACK_DEVICES)
 

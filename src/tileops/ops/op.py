@@ -56,9 +56,7 @@ def _spec(value: Any) -> Any:
     return TensorSpec(value.device, value.dtype, tuple(value.shape))
 
 
-def _make_forward(
-    cls: type[Op], names: Sequence[str], optional: Sequence[bool], unused: Sequence[str] = ()
-) -> None:
+def _make_forward(cls: type[Op], names: Sequence[str], optional: Sequence[bool], unused: Sequence[str] = ()) -> None:
     """forward(self, <inputs>) with the manifest's input names; optional ones default to None
     when no required one follows (otherwise they are passed, as None when absent).
     ``unused``: upstream's trailing forward arguments, accepted and not needed."""
@@ -66,13 +64,10 @@ def _make_forward(
     while trailing and optional[trailing - 1]:
         trailing -= 1
     params = ", ".join(
-        [f"{n}=None" if i >= trailing else n for i, n in enumerate(names)]
-        + [f"{n}=None" for n in unused]
+        [f"{n}=None" if i >= trailing else n for i, n in enumerate(names)] + [f"{n}=None" for n in unused]
     )
     args = ", ".join(names)
-    checks = "".join(
-        f"    if {n} is not None:\n        self._check_unused({n!r}, {n})\n" for n in unused
-    )
+    checks = "".join(f"    if {n} is not None:\n        self._check_unused({n!r}, {n})\n" for n in unused)
     source = (
         f"def forward(self, {params}):\n"
         f"{checks}"
@@ -229,10 +224,7 @@ class Op:
         chosen = dict(self._entry.kernel_map)
         for role, kernel in (kernel_map or {}).items():
             if role not in chosen:
-                raise ValueError(
-                    f"{type(self).__name__}: kernel_map role {role!r} is not one of "
-                    f"{sorted(chosen)}"
-                )
+                raise ValueError(f"{type(self).__name__}: kernel_map role {role!r} is not one of {sorted(chosen)}")
             chosen[role] = kernel
         return chosen
 
@@ -322,9 +314,7 @@ class Op:
         # (its builders see the device in the specs and refuse what they do not serve).
         explicit = self._requested[0] == "named"
         if not explicit and not isinstance(self._settled, _Builtin) and not dispatch.claims(self._settled, device):
-            raise BackendError(
-                _C.messages.wrong_device(type(self).__name__, self._settled, str(device))
-            )
+            raise BackendError(_C.messages.wrong_device(type(self).__name__, self._settled, str(device)))
         return self._settled
 
     def _check_extras(self, tensors: Sequence[torch.Tensor | None], target: Target) -> None:
@@ -350,9 +340,7 @@ class Op:
         """What an in-tree kernel is compiled for: by default the whole input signature."""
         return tuple(None if t is None else (t.dtype, tuple(t.shape)) for t in tensors)
 
-    def _in_tree(
-        self, role: str, tensors: Sequence[torch.Tensor | None], **compile_time: Any
-    ) -> Callable[[], Any]:
+    def _in_tree(self, role: str, tensors: Sequence[torch.Tensor | None], **compile_time: Any) -> Callable[[], Any]:
         """``build`` for the in-tree kernel of ``role``: constructed from specs only."""
         kernel = self.kernel_map[role]
         specs = {d.name: _spec(t) for d, t in zip(self._entry.inputs, tensors)}
@@ -390,18 +378,14 @@ class Op:
         slots = tuple(tensors) if tensors else ()
         if isinstance(target, _Builtin):
             if build is None:
-                raise OpNotAvailableError(
-                    _C.messages.no_in_tree_kernel(op, name, dispatch.targets_for(op))
-                )
+                raise OpNotAvailableError(_C.messages.no_in_tree_kernel(op, name, dispatch.targets_for(op)))
             return self._dispatcher.fetch(role, slots, lambda: self._build_in_tree(key, build))
         builder = dispatch.builder(op, target)
         if builder is None:
             raise OpNotAvailableError(_C.messages.no_builder(target, op, dispatch.targets_for(op)))
         if not slots:
             raise OpNotAvailableError(_C.messages.not_wired(target, op, name))
-        return self._dispatcher.fetch(
-            role, slots, lambda: self._build_external(target, builder, name, slots)
-        )
+        return self._dispatcher.fetch(role, slots, lambda: self._build_external(target, builder, name, slots))
 
     def _build_in_tree(self, key: Any, build: Callable[[], Any]) -> Any:
         kernel = self._in_tree_by_key.get(key) if key is not None else None
@@ -415,9 +399,7 @@ class Op:
                 pass
         return kernel
 
-    def _build_external(
-        self, target: str, builder: Callable[..., Any], role: str, slots: tuple
-    ) -> Any:
+    def _build_external(self, target: str, builder: Callable[..., Any], role: str, slots: tuple) -> Any:
         specs = tuple(_spec(t) for t in slots)
         params = self._entry.call_params(specs, self.params)
         try:
@@ -426,9 +408,7 @@ class Op:
             _note(error, _C.messages.builder_raised(target, type(self).__name__))
             raise
         if not callable(kernel):
-            raise OpNotAvailableError(
-                _C.messages.not_callable(target, type(self).__name__, role, _short_repr(kernel))
-            )
+            raise OpNotAvailableError(_C.messages.not_callable(target, type(self).__name__, role, _short_repr(kernel)))
         return kernel
 
     def _on_first_result(self, kernel: Any, result: Any, *args: Any) -> None:
@@ -450,9 +430,7 @@ class Op:
         messages = _C.messages
         if len(outputs) != len(expected) or not all(isinstance(o, torch.Tensor) for o in outputs):
             names = ", ".join(o.name for o in entry.outputs)
-            raise BackendError(
-                messages.wrong_result_count(name, who, _short_repr(result), len(expected), names)
-            )
+            raise BackendError(messages.wrong_result_count(name, who, _short_repr(result), len(expected), names))
         for decl, out, (dtype, shape) in zip(entry.outputs, outputs, expected):
             if out.dtype != dtype or tuple(out.shape) != tuple(shape):
                 got, declared = f"{out.dtype} {tuple(out.shape)}", f"{dtype} {tuple(shape)}"

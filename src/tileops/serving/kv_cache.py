@@ -69,8 +69,7 @@ class PagedKVCache:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"PagedKVCache: dtype must be a torch.dtype, got {dtype!r}")
         self.max_pages_per_seq = (
-            self.num_pages if max_pages_per_seq is None
-            else _positive_int("max_pages_per_seq", max_pages_per_seq)
+            self.num_pages if max_pages_per_seq is None else _positive_int("max_pages_per_seq", max_pages_per_seq)
         )
         self.num_layers = _positive_int("num_layers", num_layers)
         # pools on huge pages (tileops.serving.host_memory) where asked, on the CPU, and offered
@@ -183,7 +182,11 @@ class PagedKVCache:
         """{sequence: token count} from a method's (seq_ids, counts): one sequence and one
         count may be plain ints; the sequences must be live and distinct."""
         ids = self._ids(seq_ids)
-        per_seq = [_count("n_tokens", counts)] if isinstance(counts, int) else [_count("counts[i]", c) for c in _as_list(counts)]
+        per_seq = (
+            [_count("n_tokens", counts)]
+            if isinstance(counts, int)
+            else [_count("counts[i]", c) for c in _as_list(counts)]
+        )
         if len(per_seq) != len(ids):
             raise ValueError(f"PagedKVCache.{method}: {len(ids)} sequences but {len(per_seq)} counts")
         if len(set(ids)) != len(ids):
@@ -260,9 +263,7 @@ class PagedKVCache:
         self._check_tokens("k", k)
         self._check_tokens("v", v)
         if v.shape != k.shape:
-            raise ValueError(
-                f"PagedKVCache.append: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}"
-            )
+            raise ValueError(f"PagedKVCache.append: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
         per_seq = self._counts(ids, k.shape[-3], counts, cu_seqlens)
         if not ids:
             return
@@ -305,8 +306,7 @@ class PagedKVCache:
             pages = self._pages[seq_id]
             if len(pages) > width:
                 raise ValueError(
-                    f"PagedKVCache.block_table: sequence {seq_id} holds {len(pages)} pages, "
-                    f"more than max_pages={width}"
+                    f"PagedKVCache.block_table: sequence {seq_id} holds {len(pages)} pages, more than max_pages={width}"
                 )
             table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
         return table.to(self.device)
@@ -342,13 +342,18 @@ class PagedKVCache:
         want = f"[{f'{self.num_layers}, ' if layers else ''}total_new, {self.heads_kv}, {self.head_dim}]"
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"PagedKVCache.append: {name} must be a tensor {want}, got {type(t).__name__}")
-        if t.ndim != 3 + len(layers) or tuple(t.shape[:len(layers)]) + tuple(t.shape[-2:]) != (
-                *layers, self.heads_kv, self.head_dim):
+        if t.ndim != 3 + len(layers) or tuple(t.shape[: len(layers)]) + tuple(t.shape[-2:]) != (
+            *layers,
+            self.heads_kv,
+            self.head_dim,
+        ):
             raise ValueError(f"PagedKVCache.append: {name} must be {want}, got shape {tuple(t.shape)}")
         if t.dtype != self.dtype:
             raise ValueError(f"PagedKVCache.append: {name} must be {self.dtype} (the cache's dtype), got {t.dtype}")
         if t.device != self.device:
-            raise ValueError(f"PagedKVCache.append: {name} must be on {self.device} (the cache's device), got {t.device}")
+            raise ValueError(
+                f"PagedKVCache.append: {name} must be on {self.device} (the cache's device), got {t.device}"
+            )
 
     def _counts(self, ids: list[int], total: int, counts: Any, cu_seqlens: Any) -> list[int]:
         if counts is not None and cu_seqlens is not None:
@@ -372,13 +377,11 @@ class PagedKVCache:
             per_seq = [_count("counts[i]", c) for c in _as_list(counts)]
             if len(per_seq) != len(ids):
                 raise ValueError(
-                    f"PagedKVCache.append: counts must have one entry per sequence ({len(ids)}), "
-                    f"got {len(per_seq)}"
+                    f"PagedKVCache.append: counts must have one entry per sequence ({len(ids)}), got {len(per_seq)}"
                 )
         if sum(per_seq) != total:
             raise ValueError(
-                f"PagedKVCache.append: the counts add up to {sum(per_seq)} tokens, but k and v "
-                f"have {total} rows"
+                f"PagedKVCache.append: the counts add up to {sum(per_seq)} tokens, but k and v have {total} rows"
             )
         return per_seq
 

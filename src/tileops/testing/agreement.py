@@ -25,8 +25,9 @@ def confident_steps(ref_logits: torch.Tensor, tol: float) -> list[int]:
     return sure.int().cumprod(dim=0).sum(dim=0).tolist()
 
 
-def check_greedy_agreement(ref_logits: torch.Tensor, ref_tokens: torch.Tensor, tokens: torch.Tensor,
-                           tol: float) -> list[int]:
+def check_greedy_agreement(
+    ref_logits: torch.Tensor, ref_tokens: torch.Tensor, tokens: torch.Tensor, tol: float
+) -> list[int]:
     """Raises AssertionError at the first confident step where ``tokens [batch, steps]``
     differ from ``ref_tokens``; returns the confident step count per row."""
     if ref_tokens.shape != tokens.shape or ref_tokens.shape != ref_logits.shape[1::-1]:

@@ -29,9 +29,7 @@ class RecordingTarget:
     name: str
     device_type: str = "cpu"
     ops: tuple[str, ...] | None = None
-    builds: list[tuple[str, tuple[TensorSpec | None, ...], dict[str, Any]]] = dataclasses.field(
-        default_factory=list
-    )
+    builds: list[tuple[str, tuple[TensorSpec | None, ...], dict[str, Any]]] = dataclasses.field(default_factory=list)
     calls: list[KernelCall] = dataclasses.field(default_factory=list)
 
     def register(self) -> RecordingTarget:

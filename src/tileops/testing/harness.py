@@ -180,7 +180,9 @@ def _input_dtype(decl: Any, dtype: torch.dtype) -> torch.dtype:
     return decl.dtypes[-1]  # e.g. position_ids: an integer dtype whatever the data dtype
 
 
-def make_inputs(case: Case, generator: torch.Generator | None = None, *, full: bool = False) -> list[torch.Tensor | None]:
+def make_inputs(
+    case: Case, generator: torch.Generator | None = None, *, full: bool = False
+) -> list[torch.Tensor | None]:
     """Random inputs for ``case`` that respect each op's value domain. ``full``: index
     inputs as the manifest roofline assumes them (requests equally long, block tables
     full), for timing; otherwise they vary, to find edge cases."""
@@ -264,8 +266,10 @@ def index_inputs(
             fixed = [f + x for f, x in zip(fixed, values)]
         used = [min(-(-tokens // page_size), width) for tokens in fixed]
         if writes and sum(used) > num_pages:
-            raise ValueError(f"{entry.name}: its requests need {sum(used)} pages of {page_size} tokens, and the "
-                             f"cache holds {num_pages}: no block table keeps their writes apart at these shapes")
+            raise ValueError(
+                f"{entry.name}: its requests need {sum(used)} pages of {page_size} tokens, and the "
+                f"cache holds {num_pages}: no block table keeps their writes apart at these shapes"
+            )
         pages = torch.randperm(num_pages, generator=gen).tolist()
         rows = torch.randint(0, max(num_pages, 1), (batch, width), generator=gen)  # unused entries: valid pages
         at = 0
@@ -288,8 +292,11 @@ def writes_fit(entry: manifest.OpEntry, shapes: dict, params: dict) -> bool:
     batch, width = shapes[rules["pages"].tensors[0]]
     offsets = rules["writes_apart"].tensors[2]
     # the longest chunk: the offsets' total, or their span limit
-    longest = min(r.scalar_values(shapes, params)[0] for r in entry.value_rules
-                  if r.tensors[0] == offsets and r.kind in ("offsets", "offsets_within", "spans_at_most"))
+    longest = min(
+        r.scalar_values(shapes, params)[0]
+        for r in entry.value_rules
+        if r.tensors[0] == offsets and r.kind in ("offsets", "offsets_within", "spans_at_most")
+    )
     return longest <= _request_share(batch, width, page_size, num_pages)
 
 
@@ -399,9 +406,7 @@ def _compare(case: Case, actual: Any, expected: Any) -> float:
     for got, want in zip(actual_seq, expected_seq):
         got = got.cpu()
         assert got.dtype == want.dtype, f"{case}: dtype {got.dtype}, expected {want.dtype}"
-        assert got.shape == want.shape, (
-            f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-        )
+        assert got.shape == want.shape, f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
         rtol, atol = references.tolerance(got.dtype)
         g, w = got.double(), want.double()
         # equal values (infinities included) and a NaN where the reference has one agree
@@ -411,9 +416,7 @@ def _compare(case: Case, actual: Any, expected: Any) -> float:
         worst = diff.max().item() if diff.numel() else 0.0
         largest = max(largest, worst)
         if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True):
-            raise _Mismatch(
-                f"{case}: max abs error {worst:.3g} > rtol {rtol}, atol {atol}", worst
-            )
+            raise _Mismatch(f"{case}: max abs error {worst:.3g} > rtol {rtol}, atol {atol}", worst)
     return largest
 
 

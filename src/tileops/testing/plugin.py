@@ -9,9 +9,7 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "requires_cuda_runtime: needs a working CUDA runtime and device"
-    )
+    config.addinivalue_line("markers", "requires_cuda_runtime: needs a working CUDA runtime and device")
 
 
 def _cuda_runtime_present() -> bool:

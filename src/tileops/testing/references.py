@@ -133,18 +133,14 @@ def _fused_add_layer_norm() -> Callable[..., RefResult]:
 
 
 def _layer_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(
-        x: Tensor, weight: Tensor, bias: Tensor, *, normalized_shape: tuple[int, ...], eps: float
-    ) -> Tensor:
+    def ref(x: Tensor, weight: Tensor, bias: Tensor, *, normalized_shape: tuple[int, ...], eps: float) -> Tensor:
         return _down(fn(_up(x), list(normalized_shape), _up(weight), _up(bias), eps), x)
 
     return ref
 
 
 def _group_norm(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(
-        x: Tensor, weight: Tensor | None, bias: Tensor | None, *, num_groups: int, eps: float
-    ) -> Tensor:
+    def ref(x: Tensor, weight: Tensor | None, bias: Tensor | None, *, num_groups: int, eps: float) -> Tensor:
         return _down(fn(_up(x), num_groups, _up(weight), _up(bias), eps), x)
 
     return ref
@@ -203,9 +199,7 @@ def _rope_neox_position_ids(
     def ref(
         x: Tensor, position_ids: Tensor, *, max_position: int, base: float, rotary_dim: int, **params: Any
     ) -> Tensor:
-        if position_ids.numel() and (
-            int(position_ids.min()) < 0 or int(position_ids.max()) >= max_position
-        ):
+        if position_ids.numel() and (int(position_ids.min()) < 0 or int(position_ids.max()) >= max_position):
             raise ValueError(
                 f"position_ids must lie in [0, {max_position}), got "
                 f"[{int(position_ids.min())}, {int(position_ids.max())}]"
@@ -285,8 +279,16 @@ def _gqa_decode() -> Callable[..., RefResult]:
 
 
 def _attend(
-    q: Tensor, k: Tensor, v: Tensor, *, diag: int, causal: bool, left: int, right: int,
-    scale: float | None, softcap: float | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    diag: int,
+    causal: bool,
+    left: int,
+    right: int,
+    scale: float | None,
+    softcap: float | None,
 ) -> Tensor:
     """One request in float32: q [Lq, H, D] and k, v [Lk, H_kv, D] -> [Lq, H, D]. Query i
     sits on key diagonal i + diag; a query that sees no key gets zeros."""
@@ -319,39 +321,88 @@ def _spans(cu: Tensor) -> list[tuple[int, int]]:
 
 
 def _packed(
-    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, *, causal: bool, left: int, right: int,
-    scale: float | None, softcap: float | None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_k: Tensor,
+    *,
+    causal: bool,
+    left: int,
+    right: int,
+    scale: float | None,
+    softcap: float | None,
 ) -> Tensor:
     """Packed requests, bottom-right per request; rows past cu_q[-1] stay 0 (padding)."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for (q0, q1), (k0, k1) in zip(_spans(cu_q), _spans(cu_k)):
         out[q0:q1] = _attend(
-            q[q0:q1], k[k0:k1], v[k0:k1], diag=(k1 - k0) - (q1 - q0), causal=causal, left=left,
-            right=right, scale=scale, softcap=softcap,
+            q[q0:q1],
+            k[k0:k1],
+            v[k0:k1],
+            diag=(k1 - k0) - (q1 - q0),
+            causal=causal,
+            left=left,
+            right=right,
+            scale=scale,
+            softcap=softcap,
         )
     return _down(out, q)
 
 
 def _varlen_prefill() -> Callable[..., RefResult]:
     def ref(
-        q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_kv: Tensor,
-        q_scale: Tensor | None = None, k_scale: Tensor | None = None, v_scale: Tensor | None = None,
-        *, is_causal: bool, sm_scale: float | None, softcap: float | None,
-        window_size_left: int, window_size_right: int, **_: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_seqlens_q: Tensor,
+        cu_seqlens_kv: Tensor,
+        q_scale: Tensor | None = None,
+        k_scale: Tensor | None = None,
+        v_scale: Tensor | None = None,
+        *,
+        is_causal: bool,
+        sm_scale: float | None,
+        softcap: float | None,
+        window_size_left: int,
+        window_size_right: int,
+        **_: Any,
     ) -> Tensor:
-        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_kv, causal=is_causal, left=window_size_left,
-                       right=window_size_right, scale=sm_scale, softcap=softcap)
+        return _packed(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_kv,
+            causal=is_causal,
+            left=window_size_left,
+            right=window_size_right,
+            scale=sm_scale,
+            softcap=softcap,
+        )
 
     return ref
 
 
 def _paged_prefill() -> Callable[..., RefResult]:
     def ref(
-        q: Tensor, k_new: Tensor, v_new: Tensor, k_pages: Tensor, v_pages: Tensor,
-        k_scale: Tensor | None, v_scale: Tensor | None, cu_seqlens_q: Tensor,
-        cache_seqlens: Tensor, block_table: Tensor,
-        *, page_size: int, is_causal: bool, sm_scale: float | None, softcap: float | None,
-        window_size_left: int, **_: Any,
+        q: Tensor,
+        k_new: Tensor,
+        v_new: Tensor,
+        k_pages: Tensor,
+        v_pages: Tensor,
+        k_scale: Tensor | None,
+        v_scale: Tensor | None,
+        cu_seqlens_q: Tensor,
+        cache_seqlens: Tensor,
+        block_table: Tensor,
+        *,
+        page_size: int,
+        is_causal: bool,
+        sm_scale: float | None,
+        softcap: float | None,
+        window_size_left: int,
+        **_: Any,
     ) -> Tensor:
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for b, (q0, q1) in enumerate(_spans(cu_seqlens_q)):
@@ -360,8 +411,15 @@ def _paged_prefill() -> Callable[..., RefResult]:
             k_pages[rows[cached:]] = k_new[q0:q1]  # the append, in place as the op does
             v_pages[rows[cached:]] = v_new[q0:q1]
             out[q0:q1] = _attend(
-                q[q0:q1], k_pages[rows], v_pages[rows], diag=cached, causal=is_causal,
-                left=window_size_left, right=-1, scale=sm_scale, softcap=softcap,
+                q[q0:q1],
+                k_pages[rows],
+                v_pages[rows],
+                diag=cached,
+                causal=is_causal,
+                left=window_size_left,
+                right=-1,
+                scale=sm_scale,
+                softcap=softcap,
             )
         return _down(out, q)
 
@@ -370,15 +428,30 @@ def _paged_prefill() -> Callable[..., RefResult]:
 
 def _paged_decode() -> Callable[..., RefResult]:
     def ref(
-        q: Tensor, k: Tensor, v: Tensor, real_seqlen_kv: Tensor, block_table: Tensor,
-        *, page_size: int, sm_scale: float | None, softcap: float | None, window_size_left: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        real_seqlen_kv: Tensor,
+        block_table: Tensor,
+        *,
+        page_size: int,
+        sm_scale: float | None,
+        softcap: float | None,
+        window_size_left: int,
     ) -> Tensor:
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for b, length in enumerate(real_seqlen_kv.tolist()):
             rows = _page_rows(block_table, b, length, page_size)
             out[b : b + 1] = _attend(
-                q[b : b + 1], k[rows], v[rows], diag=length - 1, causal=True,
-                left=window_size_left, right=-1, scale=sm_scale, softcap=softcap,
+                q[b : b + 1],
+                k[rows],
+                v[rows],
+                diag=length - 1,
+                causal=True,
+                left=window_size_left,
+                right=-1,
+                scale=sm_scale,
+                softcap=softcap,
             )
         return _down(out, q)
 
@@ -386,11 +459,22 @@ def _paged_decode() -> Callable[..., RefResult]:
 
 
 def _sliding_window() -> Callable[..., RefResult]:
-    def ref(q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, window_size_left: int, window_size_right: int) -> Tensor:
+    def ref(
+        q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, window_size_left: int, window_size_right: int
+    ) -> Tensor:
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         for b in range(q.shape[0]):
-            out[b] = _attend(q[b], k[b], v[b], diag=0, causal=is_causal, left=window_size_left,
-                             right=window_size_right, scale=None, softcap=None)
+            out[b] = _attend(
+                q[b],
+                k[b],
+                v[b],
+                diag=0,
+                causal=is_causal,
+                left=window_size_left,
+                right=window_size_right,
+                scale=None,
+                softcap=None,
+            )
         return _down(out, q)
 
     return ref
@@ -398,11 +482,29 @@ def _sliding_window() -> Callable[..., RefResult]:
 
 def _sliding_window_varlen() -> Callable[..., RefResult]:
     def ref(
-        q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-        *, is_causal: bool, window_size_left: int, window_size_right: int, **_: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor,
+        *,
+        is_causal: bool,
+        window_size_left: int,
+        window_size_right: int,
+        **_: Any,
     ) -> Tensor:
-        return _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=is_causal, left=window_size_left,
-                       right=window_size_right, scale=None, softcap=None)
+        return _packed(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            causal=is_causal,
+            left=window_size_left,
+            right=window_size_right,
+            scale=None,
+            softcap=None,
+        )
 
     return ref
 
@@ -430,7 +532,12 @@ def route_tokens(
 
 def _fused_topk() -> Callable[..., RefResult]:
     def ref(
-        gating_output: Tensor, correction_bias: Tensor | None, *, top_k: int, scoring_func: str, renormalize: bool,
+        gating_output: Tensor,
+        correction_bias: Tensor | None,
+        *,
+        top_k: int,
+        scoring_func: str,
+        renormalize: bool,
         **_sizes: Any,
     ) -> tuple[Tensor, Tensor]:
         weights, ids = route_tokens(
@@ -450,9 +557,19 @@ def _fused_moe() -> Callable[..., RefResult]:
     no data-dependent indexing, so the same code runs on meta tensors."""
 
     def ref(
-        hidden_states: Tensor, gating_output: Tensor, w_gate_up: Tensor, w_down: Tensor,
-        correction_bias: Tensor | None, *, top_k: int, ffn_size: int, scoring_func: str, renormalize: bool,
-        routed_scaling_factor: float, activation: str, **_sizes: Any,
+        hidden_states: Tensor,
+        gating_output: Tensor,
+        w_gate_up: Tensor,
+        w_down: Tensor,
+        correction_bias: Tensor | None,
+        *,
+        top_k: int,
+        ffn_size: int,
+        scoring_func: str,
+        renormalize: bool,
+        routed_scaling_factor: float,
+        activation: str,
+        **_sizes: Any,
     ) -> Tensor:
         weights, ids = route_tokens(
             gating_output, correction_bias, top_k=top_k, scoring_func=scoring_func, renormalize=renormalize

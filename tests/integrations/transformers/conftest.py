@@ -21,8 +21,10 @@ from tileops.backend import load_failures, registered_targets
 from ._models import TARGETS
 
 # each target, its backend's module and the package that installs it
-BACKENDS = {"native_cpu": ("tileops_native_cpu", "backends/native_cpu"),
-            "torch_cpu": ("tileops_cpu", "backends/example")}
+BACKENDS = {
+    "native_cpu": ("tileops_native_cpu", "backends/native_cpu"),
+    "torch_cpu": ("tileops_cpu", "backends/example"),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -43,12 +45,16 @@ def target(request) -> str:
     name = request.param
     module, package = BACKENDS[name]
     if importlib.util.find_spec(module) is None:
-        message = (f"target {name}: its backend {module} is not installed "
-                   f"(pip install -e {package}, or run `make test-integrations`)")
+        message = (
+            f"target {name}: its backend {module} is not installed "
+            f"(pip install -e {package}, or run `make test-integrations`)"
+        )
         if os.environ.get("TILEOPS_REQUIRE_BACKENDS") == "1":
             pytest.fail(f"{message}, and TILEOPS_REQUIRE_BACKENDS=1 requires it", pytrace=False)
         pytest.skip(message)
     if name not in registered_targets():
-        pytest.fail(f"target {name}: {module} is installed but registered no such target "
-                    f"(load failures: {load_failures()})", pytrace=False)
+        pytest.fail(
+            f"target {name}: {module} is installed but registered no such target (load failures: {load_failures()})",
+            pytrace=False,
+        )
     return name

@@ -30,7 +30,9 @@ def test_every_grad_context_gives_eagers_logits_and_greedy_tokens(arch, context,
     with CONTEXTS[context]():
         got = model.generate(ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False, pad_token_id=0)
     atol, rtol = TOL[torch.bfloat16]
-    check_greedy_agreement(ref_steps, tokens, got[:, ids.shape[1]:], atol + rtol * float(ref_steps.float().abs().max()))
+    check_greedy_agreement(
+        ref_steps, tokens, got[:, ids.shape[1] :], atol + rtol * float(ref_steps.float().abs().max())
+    )
 
 
 @pytest.mark.skipif(SANITIZED, reason="tracing, not memory: left to the unsanitized runs")

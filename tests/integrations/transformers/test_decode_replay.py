@@ -56,7 +56,9 @@ def test_a_plain_causal_lm_decodes_with_its_head_in_the_graph_and_transformers_b
         replays = model.model._tileops.fused.replay.replays
         for t in range(2):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = model(whole[2][:, t : t + 1], attention_mask=mask, use_cache=True, **{_cache_kw(model): cache}).logits
+            logits = model(
+                whole[2][:, t : t + 1], attention_mask=mask, use_cache=True, **{_cache_kw(model): cache}
+            ).logits
             assert torch.equal(logits[:, -1], whole[1][t])
         replay = model.model._tileops.fused.replay
         assert replay.replays == replays + 1  # the first step captures (its kernels were built before)
@@ -81,8 +83,9 @@ def test_a_capture_in_which_torch_computed_fails_and_the_step_stands(monkeypatch
     _, watched, _ = _teacher_forced(model, ids, mask, tokens, steps=6)
     assert torch.equal(watched, looped)
     assert replay.replays == 0 and replay.failed[2] == 3
-    assert replay.refused[2].endswith("torch computed between the captured launches (a replay would skip it): "
-                                      "aten.clone.default")
+    assert replay.refused[2].endswith(
+        "torch computed between the captured launches (a replay would skip it): aten.clone.default"
+    )
 
 
 def test_a_replayed_step_is_as_checked_as_a_called_one(target):

@@ -55,7 +55,7 @@ def test_greedy_generate_agrees_while_the_reference_is_sure(arch, target):
     ref_logits = torch.stack(ref.logits)  # [steps, B, V]
     atol, rtol = TOL[torch.bfloat16]
     tol = atol + rtol * float(ref_logits.float().abs().max())
-    confident = check_greedy_agreement(ref_logits, ref.sequences[:, ids.shape[1]:], got[:, ids.shape[1]:], tol)
+    confident = check_greedy_agreement(ref_logits, ref.sequences[:, ids.shape[1] :], got[:, ids.shape[1] :], tol)
     assert max(confident) > 0, "the reference was never sure: the test checked nothing"
 
 
@@ -118,10 +118,12 @@ def test_the_attention_honours_softcap_and_scale_as_transformers_eager_attention
         want = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, **kw)[0]  # [B, S, H, D]
         uncapped = eager_attention_forward(attn, q, k, v, causal, dropout=0.0, scaling=0.5)[0]
         cache = hf.TileopsCache(config=model.config)
-        prefill = hf.attention.tileops_attention(attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None,
-                                                  tileops_cache=cache, **kw)[0]
-        decode = hf.attention.tileops_attention(attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None,
-                                                 tileops_cache=cache, **kw)[0]
+        prefill = hf.attention.tileops_attention(
+            attn, q[:, :, :12], k[:, :, :12], v[:, :, :12], None, tileops_cache=cache, **kw
+        )[0]
+        decode = hf.attention.tileops_attention(
+            attn, q[:, :, 12:], k[:, :, 12:], v[:, :, 12:], None, tileops_cache=cache, **kw
+        )[0]
     atol, rtol = TOL[torch.bfloat16]
     assert (want - uncapped).abs().max() > 10 * (atol + rtol * want.abs().max())  # the cap matters here
     _close(prefill, want[:, :12], torch.bfloat16, "softcapped prefill")

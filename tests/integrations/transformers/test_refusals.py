@@ -33,8 +33,14 @@ def test_an_unknown_architecture_is_refused_by_name():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
     with pytest.raises(hf.UnsupportedModelError, match="GPT2LMHeadModel: architecture"):
         hf.enable(gpt2.to(torch.bfloat16).eval())
-    phi2 = transformers.PhiForCausalLM(transformers.PhiConfig(**{k: COMMON[k] for k in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")}))
+    phi2 = transformers.PhiForCausalLM(
+        transformers.PhiConfig(
+            **{
+                k: COMMON[k]
+                for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+            }
+        )
+    )
     with pytest.raises(hf.UnsupportedModelError, match="PhiForCausalLM: architecture"):
         hf.enable(phi2.to(torch.bfloat16).eval())
 
@@ -54,8 +60,9 @@ def test_an_unserved_activation_names_module_feature_and_value_and_strict_false_
 def test_an_unserved_rope_scaling_is_refused_and_keeps_attention_on_torch_when_not_strict(target):
     rope = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}
     model = _model("llama", rope_parameters=rope)
-    with pytest.raises(hf.UnsupportedModelError,
-                       match=r"self_attn: rotary embedding \(rope_parameters rope_type='proportional'"):
+    with pytest.raises(
+        hf.UnsupportedModelError, match=r"self_attn: rotary embedding \(rope_parameters rope_type='proportional'"
+    ):
         hf.enable(model, target=target)
     report = hf.enable(model, target=target, strict=False)
     assert report.count("attention") == 0 and model.config._attn_implementation != hf.ATTENTION_NAME
@@ -134,19 +141,27 @@ def test_a_cache_of_another_class_with_tokens_in_it_is_refused(target):
         dynamic = _cache(model(input_ids=ids, attention_mask=mask, use_cache=True))
         hf.enable(model, target=target)
         with pytest.raises(TypeError, match="reads a TileopsCache, got DynamicCache"):
-            model(input_ids=ids[:, :1], attention_mask=torch.cat([mask, mask[:, :1]], 1), use_cache=True,
-                  **{_cache_kw(model): dynamic})
+            model(
+                input_ids=ids[:, :1],
+                attention_mask=torch.cat([mask, mask[:, :1]], 1),
+                use_cache=True,
+                **{_cache_kw(model): dynamic},
+            )
 
 
 def test_an_unserved_experts_activation_is_refused_and_strict_false_keeps_it_on_torch(target):
     model = _model("qwen3_moe", hidden_act="relu")
-    with pytest.raises(hf.UnsupportedModelError,
-                       match=r"model.layers.0.mlp.experts: MoE experts \(config hidden_act='relu' \(served: silu, gelu"):
+    with pytest.raises(
+        hf.UnsupportedModelError,
+        match=r"model.layers.0.mlp.experts: MoE experts \(config hidden_act='relu' \(served: silu, gelu",
+    ):
         hf.enable(model, target=target)
     report = hf.enable(model, target=target, strict=False)
     on_torch = [(m, f) for m, f, _ in report.on_torch]
     assert ("model.layers.0.mlp.experts", "MoE experts") in on_torch and ("model.layers.1.mlp", "gated MLP") in on_torch
-    assert ("model.layers.0.mlp.gate", "MoE router") in on_torch and "forward" not in model.model.layers[0].mlp.gate.__dict__
+    assert ("model.layers.0.mlp.gate", "MoE router") in on_torch and "forward" not in model.model.layers[
+        0
+    ].mlp.gate.__dict__
     assert report.count("moe experts") == 0 and model.config._experts_implementation == "eager"
     ids, mask = _prompt(True)
     with torch.no_grad():

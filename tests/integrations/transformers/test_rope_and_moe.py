@@ -49,6 +49,7 @@ def test_each_rope_type_rotates_as_transformers_rotary_embedding(kind, target):
 def test_the_factor_on_cos_and_sin_reaches_the_attention_scores(arch, target):
     """YaRN's and LongRoPE's factor on cos and sin (folded into the attention scale) on a
     model whose attention is sharp enough for it to matter: q and k projections x 8."""
+
     def sharp(attention_factor=None):
         rope = {**_config(arch).rope_parameters}
         if attention_factor is not None:
@@ -108,8 +109,9 @@ def test_the_router_selects_and_weighs_as_transformers_router_ties_included(rout
     mine, theirs = ids.sort(1), want_ids.sort(1)
     assert torch.equal(mine.values, theirs.values)
     torch.testing.assert_close(logits, want_logits, rtol=0.02, atol=0.02)
-    torch.testing.assert_close(w.gather(1, mine.indices).float(), want_w.gather(1, theirs.indices).float(),
-                               rtol=2**-8, atol=0)  # at most one bfloat16 step
+    torch.testing.assert_close(
+        w.gather(1, mine.indices).float(), want_w.gather(1, theirs.indices).float(), rtol=2**-8, atol=0
+    )  # at most one bfloat16 step
     if renormalised:
         torch.testing.assert_close(w.float().sum(1), torch.ones(64), rtol=0.01, atol=0)
 
@@ -133,11 +135,13 @@ def test_the_experts_run_the_routing_they_are_given(tokens, target):
     from tileops import ops  # noqa: PLC0415
 
     got_w, got_ids = ops.FusedTopKOp(num_experts=8, top_k=2, scoring_func="sigmoid", target=target)(
-        hf.moe.routing_as_logits(ids, w, 8))
+        hf.moe.routing_as_logits(ids, w, 8)
+    )
     order = got_ids.long().sort(1)
     assert torch.equal(order.values, ids.sort(1).values)
-    torch.testing.assert_close(got_w.gather(1, order.indices), w.float().gather(1, ids.sort(1).indices),
-                               rtol=1e-5, atol=1e-30)
+    torch.testing.assert_close(
+        got_w.gather(1, order.indices), w.float().gather(1, ids.sort(1).indices), rtol=1e-5, atol=1e-30
+    )
 
 
 def test_the_moe_block_weighs_in_the_logits_of_the_test_config():

@@ -46,17 +46,13 @@ def _detect(device: torch.device) -> bool:
 # ---- norms ---------------------------------------------------------------------------
 
 
-def build_rms_norm(
-    x: TensorSpec, weight: TensorSpec, *, normalized_shape: Sequence[int], eps: float
-):
+def build_rms_norm(x: TensorSpec, weight: TensorSpec, *, normalized_shape: Sequence[int], eps: float):
     """RMSNormFwdOp. ``eps`` arrives resolved (1e-6 when the caller left it out)."""
     check_tensors("RMSNormFwdOp", HALVES, x=x, weight=weight)
     return CpuRMSNorm(normalized_shape, eps, x.dtype)
 
 
-def build_fused_add_rms_norm(
-    x: TensorSpec, residual: TensorSpec, weight: TensorSpec, *, eps: float = 1e-6
-):
+def build_fused_add_rms_norm(x: TensorSpec, residual: TensorSpec, weight: TensorSpec, *, eps: float = 1e-6):
     """FusedAddRMSNormFwdOp: returns (the norm of x + residual, x + residual)."""
     op = "FusedAddRMSNormFwdOp"
     check_tensors(op, HALVES, x=x, residual=residual, weight=weight)
@@ -127,9 +123,7 @@ def build_gelu_and_mul(x: TensorSpec):
 # ---- RoPE at explicit positions ------------------------------------------------------
 
 
-def _rope_half(
-    op: str, x: TensorSpec, position_ids: TensorSpec, max_position: int, rotary_dim: int
-) -> int:
+def _rope_half(op: str, x: TensorSpec, position_ids: TensorSpec, max_position: int, rotary_dim: int) -> int:
     """Checks what the three RoPE ops share; returns the number of rotated pairs."""
     check_tensors(op, FLOATS, x=x)
     check_dtype(op, (torch.int32, torch.int64), position_ids=position_ids)
@@ -224,9 +218,7 @@ def _heads(op: str, q: TensorSpec, k: TensorSpec, v: TensorSpec) -> tuple[int, i
     return q_[1], k_[1], q_[2]
 
 
-def _scores(
-    op: str, sm_scale: float | None, softcap: float | None, left: int, right: int = -1
-) -> dict:
+def _scores(op: str, sm_scale: float | None, softcap: float | None, left: int, right: int = -1) -> dict:
     """The kernel's score and left-window settings, checked."""
     if not ((sm_scale is None or sm_scale > 0) and (softcap is None or softcap >= 0)):
         raise refuse(op, "sm_scale > 0 and softcap >= 0", f"{sm_scale=}, {softcap=}")
@@ -318,26 +310,18 @@ def build_gqa_prefill_paged(
         want = f"k_new [rows of q, {heads_kv}, {dim}], pools [pages * page_size, {heads_kv}, {dim}]"
         raise refuse(op, want, got)
     batch = shape_of(cu_seqlens_q)[0] - 1 if len(cu_seqlens_q.shape) == 1 else 0
-    if not (
-        batch >= 1
-        and shape_of(cache_seqlens) == (batch,)
-        and shape_of(block_table) == (batch, max_pages_per_req)
-    ):
+    if not (batch >= 1 and shape_of(cache_seqlens) == (batch,) and shape_of(block_table) == (batch, max_pages_per_req)):
         got = ", ".join(f"{name} {shape_of(spec)}" for name, spec in tables.items())
         want = "cu_seqlens_q [B+1], cache_seqlens [B], block_table [B, max_pages_per_req]"
         raise refuse(op, want, f"{got}, {max_pages_per_req=}")
     scores = _scores(op, sm_scale, softcap, window_size_left)
-    return CpuPagedPrefillAttention(
-        heads, heads_kv, dim, page_size=page_size, causal=is_causal, dtype=dtype, **scores
-    )
+    return CpuPagedPrefillAttention(heads, heads_kv, dim, page_size=page_size, causal=is_causal, dtype=dtype, **scores)
 
 
 # ---- mixture of experts --------------------------------------------------------------
 
 
-def _routing(
-    op: str, experts: int, top_k: int | None, scoring_func: str, bias: TensorSpec | None
-) -> None:
+def _routing(op: str, experts: int, top_k: int | None, scoring_func: str, bias: TensorSpec | None) -> None:
     """What both MoE ops' routing needs."""
     if not (isinstance(top_k, int) and 1 <= top_k <= experts):
         raise refuse(op, f"top_k an int in [1, {experts}] (the experts)", f"top_k={top_k!r}")
@@ -397,9 +381,7 @@ def build_fused_moe(
     t = shape_of(hidden_states)[0] if len(hidden_states.shape) == 2 else -1  # -1: refused below
     e, h, f = num_experts, hidden_size, ffn_size
     given = dict(hidden_states=hidden_states, gating_output=gating_output, **weights)
-    expected = dict(
-        hidden_states=(t, h), gating_output=(t, e), w_gate_up=(e, 2 * f, h), w_down=(e, h, f)
-    )
+    expected = dict(hidden_states=(t, h), gating_output=(t, e), w_gate_up=(e, 2 * f, h), w_down=(e, h, f))
     if not (t <= num_tokens and all(shape_of(given[n]) == s for n, s in expected.items())):
         got = ", ".join(f"{name} {shape_of(spec)}" for name, spec in given.items())
         raise refuse(op, f"T <= num_tokens={num_tokens} and shapes {expected}", got)

@@ -63,9 +63,7 @@ class _Attention:
             visible &= j >= i - self.window_left
         return visible
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: int
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: int) -> torch.Tensor:
         """One request: q [Lq, H, D], k and v [Lk, H_kv, D] -> float32 [Lq, H, D]."""
         kf = k.float().repeat_interleave(self.group, dim=1)  # [Lk, H, D]: kv head h // group
         vf = v.float().repeat_interleave(self.group, dim=1)

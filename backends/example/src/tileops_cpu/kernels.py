@@ -49,10 +49,7 @@ class CpuRMSNorm:
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
     def __repr__(self) -> str:
-        return (
-            f"CpuRMSNorm(normalized_shape={self.normalized_shape}, eps={self.eps}, "
-            f"dtype={self.dtype})"
-        )
+        return f"CpuRMSNorm(normalized_shape={self.normalized_shape}, eps={self.eps}, dtype={self.dtype})"
 
 
 class CpuFusedAddRMSNorm:
@@ -75,18 +72,13 @@ class CpuFusedAddRMSNorm:
         return F.rms_norm(total, (self.hidden_size,), weight, self.eps), total
 
     def __repr__(self) -> str:
-        return (
-            f"CpuFusedAddRMSNorm(hidden_size={self.hidden_size}, eps={self.eps}, "
-            f"dtype={self.dtype})"
-        )
+        return f"CpuFusedAddRMSNorm(hidden_size={self.hidden_size}, eps={self.eps}, dtype={self.dtype})"
 
 
 # ---- matrix products -----------------------------------------------------------------
 
 
-def _operands(
-    a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _operands(a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """op(a) [M, K] and op(b) [K, N] as views: a transpose costs no copy."""
     return (a.t() if trans_a else a), (b.t() if trans_b else b)
 
@@ -130,10 +122,7 @@ class CpuGemv:
         return torch.mv(lhs, rhs[:, 0]).unsqueeze(1)  # [M, K] @ [K, 1] -> [M, 1]
 
     def __repr__(self) -> str:
-        return (
-            f"CpuGemv(side={self.side!r}, trans_a={self.trans_a}, trans_b={self.trans_b}, "
-            f"dtype={self.dtype})"
-        )
+        return f"CpuGemv(side={self.side!r}, trans_a={self.trans_a}, trans_b={self.trans_b}, dtype={self.dtype})"
 
 
 # ---- elementwise ---------------------------------------------------------------------
@@ -167,8 +156,7 @@ class CpuGatedActivation:
     def __init__(self, activation: str, dtype: torch.dtype) -> None:
         if activation not in self.ACTIVATIONS:
             raise ValueError(
-                f"CpuGatedActivation activation must be one of {sorted(self.ACTIVATIONS)}, "
-                f"got {activation!r}"
+                f"CpuGatedActivation activation must be one of {sorted(self.ACTIVATIONS)}, got {activation!r}"
             )
         self.activation = activation
         self.dtype = dtype

@@ -95,10 +95,7 @@ class CpuFusedMoe:
         dtype: torch.dtype,
     ) -> None:
         if activation not in self.ACTIVATIONS:
-            raise ValueError(
-                f"CpuFusedMoe activation must be one of {sorted(self.ACTIVATIONS)}, "
-                f"got {activation!r}"
-            )
+            raise ValueError(f"CpuFusedMoe activation must be one of {sorted(self.ACTIVATIONS)}, got {activation!r}")
         self.top_k = int(top_k)
         self.ffn_size = int(ffn_size)
         self.scoring_func = scoring_func

@@ -19,9 +19,7 @@ class CpuRopePositionIds:
     rotate NeoX-style (channel c < rotary_dim / 2 pairs with c + rotary_dim / 2) by
     position * inv_freq; the other channels pass through (partial rotary, as Phi-3)."""
 
-    def __init__(
-        self, inv_freq: torch.Tensor, factor: float, rotary_dim: int, dtype: torch.dtype
-    ) -> None:
+    def __init__(self, inv_freq: torch.Tensor, factor: float, rotary_dim: int, dtype: torch.dtype) -> None:
         if inv_freq.shape != (rotary_dim // 2,):
             raise ValueError(
                 f"CpuRopePositionIds needs one frequency per rotated pair, "
@@ -45,7 +43,4 @@ class CpuRopePositionIds:
         return torch.cat(rotated, dim=-1).to(self.dtype)
 
     def __repr__(self) -> str:
-        return (
-            f"CpuRopePositionIds(rotary_dim={self.rotary_dim}, factor={self.factor}, "
-            f"dtype={self.dtype})"
-        )
+        return f"CpuRopePositionIds(rotary_dim={self.rotary_dim}, factor={self.factor}, dtype={self.dtype})"

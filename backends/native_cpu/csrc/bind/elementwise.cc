@@ -71,8 +71,8 @@ bool plan_broadcast(const Kernel& k, const TensorView* ops[3], BroadcastArgs& a,
       const int64_t s = od >= 0 ? ops[i]->shape[od] : 1;
       if (s == 1) continue;
       if (size != 1 && size != s) {
-        PyErr_Format(PyExc_ValueError, "%s: operand shapes do not broadcast (axis %d has sizes %lld and %lld)", k.description.c_str(),
-                     d, static_cast<long long>(size), static_cast<long long>(s));
+        PyErr_Format(PyExc_ValueError, "%s: operand shapes do not broadcast (axis %d has sizes %lld and %lld)",
+                     k.description.c_str(), d, static_cast<long long>(size), static_cast<long long>(s));
         return false;
       }
       size = s;

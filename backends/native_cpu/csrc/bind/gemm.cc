@@ -31,7 +31,8 @@ struct GemmKernel final : Kernel {
     g.k = trans_a ? a0 : a1;
     g.n = trans_b ? b0 : b1;
     const int64_t kb = trans_b ? b1 : b0;
-    if (kb != g.k) return shape_error(*this, ("a gives K=" + std::to_string(g.k) + ", b must give the same K").c_str(), y, "b");
+    if (kb != g.k)
+      return shape_error(*this, ("a gives K=" + std::to_string(g.k) + ", b must give the same K").c_str(), y, "b");
     g.a = x.data;
     g.b = y.data;
     g.a_row = trans_a ? 1 : a1;
@@ -44,7 +45,8 @@ struct GemmKernel final : Kernel {
     int64_t shape[3] = {g.batch, g.m, g.n};
     PyObject* out = new_tensor(nd, batched ? shape : shape + 1, dtype, &g.d);
     if (out == nullptr) return nullptr;
-    if (g.batch * g.m * g.n > 0) run_released(g.batch * g.m * g.n * std::max<int64_t>(g.k, 1), [&] { run(g, threads); });
+    if (g.batch * g.m * g.n > 0)
+      run_released(g.batch * g.m * g.n * std::max<int64_t>(g.k, 1), [&] { run(g, threads); });
     return out;
   }
 };

@@ -54,7 +54,8 @@ const KernelTable& isa() {
 void throw_no_kernel(const char* name, DType dtype, const char* variant_name) {
   std::string message = std::string("native_cpu has no '") + name + "' kernel for " + dtype_name(dtype);
   if (variant_name != nullptr) message += std::string(" and ") + variant_name;
-  message += std::string(" in its ") + isa().isa() + " build; its family's kernel file (kernels/) registers what there is";
+  message +=
+      std::string(" in its ") + isa().isa() + " build; its family's kernel file (kernels/) registers what there is";
   throw nb::value_error(message.c_str());
 }
 
@@ -66,8 +67,8 @@ bool expect_args(const Kernel& k, Py_ssize_t nargs, Py_ssize_t want) {
 
 bool expect_dtype(const Kernel& k, const TensorView& v, const char* what) {
   if (v.dtype == k.dtype) return true;
-  PyErr_Format(PyExc_TypeError, "%s was built for %s; got %s of dtype %s", k.description.c_str(), dtype_name(k.dtype), what,
-               dtype_name(v.dtype));
+  PyErr_Format(PyExc_TypeError, "%s was built for %s; got %s of dtype %s", k.description.c_str(), dtype_name(k.dtype),
+               what, dtype_name(v.dtype));
   return false;
 }
 

@@ -22,8 +22,8 @@ bool read_f32(const Kernel& k, PyObject* obj, TensorView& v, const char* what) {
 // The bias: None or not as the kernel was built, and [experts] when given.
 bool read_bias(const Kernel& k, PyObject* obj, bool has_bias, int64_t experts, TensorView& v) {
   if ((obj != Py_None) != has_bias) {
-    PyErr_Format(PyExc_ValueError, "%s was built %s a correction_bias; got %s", k.description.c_str(), has_bias ? "with" : "without",
-                 obj == Py_None ? "None" : "one");
+    PyErr_Format(PyExc_ValueError, "%s was built %s a correction_bias; got %s", k.description.c_str(),
+                 has_bias ? "with" : "without", obj == Py_None ? "None" : "one");
     return false;
   }
   if (!has_bias) return true;
@@ -47,8 +47,9 @@ struct TopKKernel final : Kernel {
     TensorView logits, bias;
     if (!read(*this, args[0], logits, "gating_output")) return nullptr;
     if (logits.ndim != 2 || logits.shape[1] < top_k)
-      return shape_error(*this, ("gating_output must be [tokens, experts] with experts >= top_k = " + std::to_string(top_k)).c_str(),
-                         logits, "gating_output");
+      return shape_error(
+          *this, ("gating_output must be [tokens, experts] with experts >= top_k = " + std::to_string(top_k)).c_str(),
+          logits, "gating_output");
     if (!read_bias(*this, args[1], has_bias, logits.shape[1], bias)) return nullptr;
     TopKArgs a{};
     a.logits = logits.data;
@@ -91,9 +92,11 @@ struct MoeKernel final : Kernel {
         !read(*this, args[2], wgu, "w_gate_up") || !read(*this, args[3], wd, "w_down"))
       return nullptr;
     const std::string h = std::to_string(hidden), e = std::to_string(experts), f = std::to_string(ffn);
-    if (x.ndim != 2 || x.shape[1] != hidden) return shape_error(*this, ("hidden_states must be [tokens, " + h + "]").c_str(), x, "hidden_states");
+    if (x.ndim != 2 || x.shape[1] != hidden)
+      return shape_error(*this, ("hidden_states must be [tokens, " + h + "]").c_str(), x, "hidden_states");
     if (logits.ndim != 2 || logits.shape[0] != x.shape[0] || logits.shape[1] != experts)
-      return shape_error(*this, ("gating_output must be [tokens of hidden_states, " + e + "]").c_str(), logits, "gating_output");
+      return shape_error(*this, ("gating_output must be [tokens of hidden_states, " + e + "]").c_str(), logits,
+                         "gating_output");
     if (wgu.ndim != 3 || wgu.shape[0] != experts || wgu.shape[1] != 2 * ffn || wgu.shape[2] != hidden)
       return shape_error(*this, ("w_gate_up must be [" + e + ", 2 * " + f + ", " + h + "]").c_str(), wgu, "w_gate_up");
     if (wd.ndim != 3 || wd.shape[0] != experts || wd.shape[1] != hidden || wd.shape[2] != ffn)
@@ -139,23 +142,24 @@ void bind_moe(nb::module_& m) {
     k->run = require_kernel<TopKArgs>("fused_topk", dtype);
     return finish(std::move(k), dtype, threads, d);
   });
-  m.def("fused_moe", [](DType dtype, int64_t experts, int64_t top_k, int64_t hidden, int64_t ffn, MoeScoring scoring,
-                        bool renormalize, float scale, MoeActivation activation, bool has_bias, int threads, const std::string& d) {
-    if (experts < 1 || top_k < 1 || top_k > experts || hidden < 1 || ffn < 1)
-      throw nb::value_error("fused_moe: needs experts >= top_k >= 1, hidden >= 1 and ffn >= 1");
-    auto k = std::make_unique<MoeKernel>();
-    k->experts = experts;
-    k->top_k = top_k;
-    k->hidden = hidden;
-    k->ffn = ffn;
-    k->scoring = scoring;
-    k->renormalize = renormalize;
-    k->has_bias = has_bias;
-    k->scale = scale;
-    k->run = require_kernel<MoeArgs>("fused_moe", dtype, static_cast<int>(activation), "this activation");
-    k->gemm = require_kernel<GemmArgs>("gemm", dtype);
-    return finish(std::move(k), dtype, threads, d);
-  });
+  m.def("fused_moe",
+        [](DType dtype, int64_t experts, int64_t top_k, int64_t hidden, int64_t ffn, MoeScoring scoring,
+           bool renormalize, float scale, MoeActivation activation, bool has_bias, int threads, const std::string& d) {
+          if (experts < 1 || top_k < 1 || top_k > experts || hidden < 1 || ffn < 1)
+            throw nb::value_error("fused_moe: needs experts >= top_k >= 1, hidden >= 1 and ffn >= 1");
+          auto k = std::make_unique<MoeKernel>();
+          k->experts = experts;
+          k->top_k = top_k;
+          k->hidden = hidden;
+          k->ffn = ffn;
+          k->scoring = scoring;
+          k->renormalize = renormalize;
+          k->has_bias = has_bias;
+          k->scale = scale;
+          k->run = require_kernel<MoeArgs>("fused_moe", dtype, static_cast<int>(activation), "this activation");
+          k->gemm = require_kernel<GemmArgs>("gemm", dtype);
+          return finish(std::move(k), dtype, threads, d);
+        });
 }
 
 }  // namespace tnc

@@ -39,7 +39,8 @@ struct RowNormKernel final : Kernel {
     if (x.ndim == 0 || (n == 0 ? x.numel != 0 : x.numel % n != 0))
       return shape_error(*this, "x must end in the normalized shape", x, "x");
     if (w.numel != n) return shape_error(*this, "weight must hold the normalized shape", w, "weight");
-    if (fused && residual.numel != x.numel) return shape_error(*this, "residual must have x's shape", residual, "residual");
+    if (fused && residual.numel != x.numel)
+      return shape_error(*this, "residual must have x's shape", residual, "residual");
     if (biased && bias.numel != n) return shape_error(*this, "bias must hold the normalized shape", bias, "bias");
     NormArgs a{};
     a.x = x.data;
@@ -81,7 +82,8 @@ struct GroupNormKernel final : Kernel {
       return nullptr;
     }
     if (affine && (!read(*this, args[1], w, "weight") || !read(*this, args[2], b, "bias"))) return nullptr;
-    if (x.ndim < 2 || x.shape[1] % groups != 0) return shape_error(*this, "x must be [N, C, *] with C divisible by num_groups", x, "x");
+    if (x.ndim < 2 || x.shape[1] % groups != 0)
+      return shape_error(*this, "x must be [N, C, *] with C divisible by num_groups", x, "x");
     GroupNormArgs a{};
     a.x = x.data;
     a.batch = x.shape[0];
@@ -90,7 +92,8 @@ struct GroupNormKernel final : Kernel {
     a.spatial = x.shape[1] == 0 ? 0 : x.numel / (x.shape[0] * x.shape[1] == 0 ? 1 : x.shape[0] * x.shape[1]);
     a.eps = eps;
     if (affine) {
-      if (w.numel != a.channels || b.numel != a.channels) return shape_error(*this, "weight and bias must be [C]", w, "weight");
+      if (w.numel != a.channels || b.numel != a.channels)
+        return shape_error(*this, "weight and bias must be [C]", w, "weight");
       a.weight = w.data;
       a.bias = b.data;
     }

@@ -22,8 +22,8 @@ struct ReduceKernel final : Kernel {
     TensorView x;
     if (!read(*this, args[0], x, "x")) return nullptr;
     if (static_cast<size_t>(x.ndim) != reduce_axis.size()) {
-      PyErr_Format(PyExc_ValueError, "%s was built for %zu-dim inputs; got x with %d dims", description.c_str(), reduce_axis.size(),
-                   x.ndim);
+      PyErr_Format(PyExc_ValueError, "%s was built for %zu-dim inputs; got x with %d dims", description.c_str(),
+                   reduce_axis.size(), x.ndim);
       return nullptr;
     }
     int64_t out_shape[kMaxDims];
@@ -80,17 +80,22 @@ struct ReduceKernel final : Kernel {
 }  // namespace
 
 void bind_reduction(nb::module_& m) {
-  nb::enum_<ReduceOp>(m, "ReduceOp").value("sum", ReduceOp::sum).value("mean", ReduceOp::mean).value("amax", ReduceOp::amax);
+  nb::enum_<ReduceOp>(m, "ReduceOp")
+      .value("sum", ReduceOp::sum)
+      .value("mean", ReduceOp::mean)
+      .value("amax", ReduceOp::amax);
   // axes: per input axis, whether it is reduced (the kernel object serves inputs of that rank)
-  m.def("reduce", [](ReduceOp op, DType dtype, std::vector<bool> axes, bool keepdim, int threads, const std::string& d) {
-    if (axes.size() > static_cast<size_t>(kMaxDims)) throw nb::value_error("reduce: at most 16 dims are supported");
-    auto k = std::make_unique<ReduceKernel>();
-    k->reduce_axis = std::move(axes);
-    k->keepdim = keepdim;
-    k->op = op;
-    k->run = require_kernel<ReduceArgs>("reduce", dtype);
-    return finish(std::move(k), dtype, threads, d);
-  });
+  m.def("reduce",
+        [](ReduceOp op, DType dtype, std::vector<bool> axes, bool keepdim, int threads, const std::string& d) {
+          if (axes.size() > static_cast<size_t>(kMaxDims))
+            throw nb::value_error("reduce: at most 16 dims are supported");
+          auto k = std::make_unique<ReduceKernel>();
+          k->reduce_axis = std::move(axes);
+          k->keepdim = keepdim;
+          k->op = op;
+          k->run = require_kernel<ReduceArgs>("reduce", dtype);
+          return finish(std::move(k), dtype, threads, d);
+        });
 }
 
 }  // namespace tnc

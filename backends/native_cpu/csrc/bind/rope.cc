@@ -1,4 +1,5 @@
-// Marshalling of the rope family (kernels/rope.h): RoPE (NeoX half split or adjacent pairs) over [S, D], [B, S, H, D] or [T, H, D] with position ids, and its cos/sin tables.
+// Marshalling of the rope family (kernels/rope.h): RoPE (NeoX half split or adjacent pairs) over [S, D], [B, S, H, D]
+// or [T, H, D] with position ids, and its cos/sin tables.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 
@@ -39,10 +40,12 @@ struct RopeKernel final : Kernel {
       a.positions = pos.data;
       a.positions_are_i64 = pos.dtype == DType::i64;
       for (int64_t t = 0; t < pos.numel; ++t) {
-        const int64_t p = a.positions_are_i64 ? static_cast<const int64_t*>(pos.data)[t] : static_cast<const int32_t*>(pos.data)[t];
+        const int64_t p =
+            a.positions_are_i64 ? static_cast<const int64_t*>(pos.data)[t] : static_cast<const int32_t*>(pos.data)[t];
         if (p < 0 || p >= positions) {
           PyErr_Format(PyExc_IndexError, "%s: position_ids must lie in [0, max_position=%lld); got %lld at token %lld",
-                       description.c_str(), static_cast<long long>(positions), static_cast<long long>(p), static_cast<long long>(t));
+                       description.c_str(), static_cast<long long>(positions), static_cast<long long>(p),
+                       static_cast<long long>(t));
           return nullptr;
         }
       }
@@ -54,7 +57,8 @@ struct RopeKernel final : Kernel {
       a.tokens = layout_2d ? x.shape[0] * x.shape[1] : x.shape[0];
       a.heads = layout_2d ? x.shape[2] : 1;
       if (a.seq > positions) {
-        PyErr_Format(PyExc_ValueError, "%s holds cos/sin tables for %lld positions; got seq_len %lld (build it for this shape)",
+        PyErr_Format(PyExc_ValueError,
+                     "%s holds cos/sin tables for %lld positions; got seq_len %lld (build it for this shape)",
                      description.c_str(), static_cast<long long>(positions), static_cast<long long>(a.seq));
         return nullptr;
       }
@@ -74,8 +78,8 @@ void bind_rope(nb::module_& m) {
       .value("bshd", RopeLayout::bshd)
       .value("thd_position_ids", RopeLayout::thd_position_ids);
   nb::enum_<RopeRotation>(m, "RopeRotation").value("neox", RopeRotation::neox).value("pairs", RopeRotation::pairs);
-  m.def("rope", [](RopeLayout layout, RopeRotation rotation, DType dtype, int64_t head_dim, int64_t rotary_dim, int threads,
-                   const std::string& d) {
+  m.def("rope", [](RopeLayout layout, RopeRotation rotation, DType dtype, int64_t head_dim, int64_t rotary_dim,
+                   int threads, const std::string& d) {
     if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim)
       throw nb::value_error("rope: rotary_dim must be positive, even and at most head_dim");
     auto k = std::make_unique<RopeKernel>();
@@ -91,7 +95,8 @@ void bind_rope(nb::module_& m) {
     if (k == nullptr) throw nb::type_error("set_rope_tables needs a RoPE kernel");
     TensorView c, s;
     if (!read_tensor(cos.ptr(), c, "cos") || !read_tensor(sin.ptr(), s, "sin")) throw nb::python_error();
-    if (c.dtype != DType::f32 || s.dtype != DType::f32 || c.numel != s.numel || c.ndim != 2 || c.shape[1] != k->rotary_dim / 2)
+    if (c.dtype != DType::f32 || s.dtype != DType::f32 || c.numel != s.numel || c.ndim != 2 ||
+        c.shape[1] != k->rotary_dim / 2)
       throw nb::value_error("cos and sin must be float32 [positions, rotary_dim/2]");
     k->cos.assign(static_cast<const float*>(c.data), static_cast<const float*>(c.data) + c.numel);
     k->sin.assign(static_cast<const float*>(s.data), static_cast<const float*>(s.data) + s.numel);

@@ -139,7 +139,8 @@ inline std::vector<PrefillItem> prefill_items(const tnc::AttentionArgs& a) {
   std::vector<PrefillItem> work;
   for (int64_t b = 0; b < a.batch; ++b)
     for (int64_t hkv = 0; hkv < a.heads_kv; ++hkv)
-      for (int64_t blk = (a.q_len[b] + kAttnBQ - 1) / kAttnBQ - 1; blk >= 0; --blk) work.push_back({b, hkv, blk * kAttnBQ});
+      for (int64_t blk = (a.q_len[b] + kAttnBQ - 1) / kAttnBQ - 1; blk >= 0; --blk)
+        work.push_back({b, hkv, blk * kAttnBQ});
   return work;
 }
 
@@ -204,7 +205,8 @@ void attention(const tnc::AttentionArgs& a, int threads) {
         for (int64_t r = 0; r < rows; ++r) {
           float* p = P + r * kAttnBK;
           const KeySpan seen = visible_keys(a, b, q0 + r % bq);
-          const int64_t j_lo = std::clamp<int64_t>(seen.lo - k0, 0, bk), j_hi = std::clamp<int64_t>(seen.hi - k0, j_lo, bk);
+          const int64_t j_lo = std::clamp<int64_t>(seen.lo - k0, 0, bk),
+                        j_hi = std::clamp<int64_t>(seen.hi - k0, j_lo, bk);
           for (int64_t j = 0; j < j_lo; ++j) p[j] = -std::numeric_limits<float>::infinity();
           for (int64_t j = j_hi; j < kAttnBK; ++j) p[j] = -std::numeric_limits<float>::infinity();
           F row_max = S::load(p);
@@ -353,8 +355,8 @@ struct FloatDecode {
   // blocks of (4 heads x kValuePairs pairs of vectors); a dead head repeats the last live
   // one (same row, same sums, so its store is harmless: a conditional one made GCC keep acc
   // in memory)
-  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
-                         int64_t kv_tok, int64_t D) {
+  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0,
+                         int j1, int64_t kv_tok, int64_t D) {
     const int64_t Dp = o_stride(D);
     constexpr int64_t kBlock = kValuePairs * kPair;
     int64_t d0 = 0;
@@ -364,8 +366,8 @@ struct FloatDecode {
       accumulate_block<1>(O, h0, gn, P, vbase, row, j0, j1, kv_tok, d0, Dp, LastPair{D});
   }
   template <int Pairs, class Load>
-  static void accumulate_block(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
-                               int64_t kv_tok, int64_t d0, int64_t Dp, Load load) {
+  static void accumulate_block(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0,
+                               int j1, int64_t kv_tok, int64_t d0, int64_t Dp, Load load) {
     const float* prow[4];
     float* orow[4];
     F acc[4][2 * Pairs];
@@ -488,7 +490,8 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
     }
   };
   tnc::parallel_for(a.batch * splits, 1, threads, [&](int64_t i0, int64_t i1) {
-    float* Q = scratch(static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + 2 * H * W + H + Policy::prob_floats(H)), 0);
+    float* Q = scratch(
+        static_cast<size_t>(Policy::query_floats(H, D) + H * ostride + 2 * H * W + H + Policy::prob_floats(H)), 0);
     float* O = Q + Policy::query_floats(H, D);
     float* Sc = O + H * ostride;  // [H][W]: each head's scores of the block's keys
     float* lsum = Sc + H * W;     // [H][W]: each head's softmax denominator, by lane
@@ -597,7 +600,8 @@ void attention_decode(const tnc::AttentionArgs& a, int threads) {
   auto merge = [&](int64_t hg, float* acc) {
     const int64_t grp = hg / G, g = hg % G;
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
+    for (int64_t sp = 0; sp < splits; ++sp)
+      m = std::max(m, parts[static_cast<size_t>(((grp * splits + sp) * G + g) * part_stride)]);
     float l = 0.f;
     std::fill(acc, acc + ostride, 0.f);
     for (int64_t sp = 0; sp < splits; ++sp) {

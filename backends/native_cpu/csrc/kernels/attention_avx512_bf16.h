@@ -71,8 +71,8 @@ struct Avx512Bf16Decode {
   // O rows h0 .. h0 + gn - 1 += P V over keys j0 (even) <= j < j1: 64 channels (4 vectors
   // a head) at a time, a pair of keys per vdpbf16ps; a dead key's half of a pair is zero
   template <class T>
-  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0, int j1,
-                         int64_t kv_tok, int64_t D) {
+  static void accumulate(float* O, int64_t h0, int gn, const float* P, const T* vbase, const int64_t* row, int j0,
+                         int j1, int64_t kv_tok, int64_t D) {
     const int64_t Dp = padded(D);
     const auto* pp = reinterpret_cast<const uint32_t*>(P);
     int64_t d0 = 0;
@@ -80,8 +80,8 @@ struct Avx512Bf16Decode {
     if (d0 < Dp) accumulate_columns<1>(O, h0, gn, pp, vbase, row, j0, j1, kv_tok, D, d0);
   }
   template <int NC, class T>  // NC runs of 32 channels from d0
-  static void accumulate_columns(float* O, int64_t h0, int gn, const uint32_t* pp, const T* vbase, const int64_t* row, int j0,
-                                 int j1, int64_t kv_tok, int64_t D, int64_t d0) {
+  static void accumulate_columns(float* O, int64_t h0, int gn, const uint32_t* pp, const T* vbase, const int64_t* row,
+                                 int j0, int j1, int64_t kv_tok, int64_t D, int64_t d0) {
     const int64_t Dp = padded(D);
     const uint32_t* prow[4];
     float* orow[4];
@@ -167,7 +167,8 @@ inline void pack_value_pairs(uint32_t* vp, const uint16_t* const vs[kBK], int64_
 inline void pack_query_pairs(uint32_t* qp, const uint16_t* const q[kLanes], int64_t D) {
   const int64_t pairs = (D + 1) / 2;
   for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-    const int64_t ch = std::min<int64_t>(32, D - 2 * p0);  // channels of this run (odd D: the last pair's high half is 0)
+    const int64_t ch =
+        std::min<int64_t>(32, D - 2 * p0);  // channels of this run (odd D: the last pair's high half is 0)
     const __mmask32 m = ch >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << ch) - 1);
     __m512i r[16];
     for (int l = 0; l < kLanes; ++l) r[l] = q[l] ? _mm512_maskz_loadu_epi16(m, q[l] + 2 * p0) : _mm512_setzero_si512();
@@ -191,15 +192,16 @@ inline void key_scores(__m512 s[16], const uint32_t* qp, const uint32_t* kt, int
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512bh qv = (__m512bh)_mm512_loadu_si512(qp + p * kLanes);
 #pragma GCC unroll 16
-    for (int jj = 0; jj < 16; ++jj) s[jj] = _mm512_dpbf16_ps(s[jj], (__m512bh)_mm512_set1_epi32(static_cast<int>(kt[p * 16 + jj])), qv);
+    for (int jj = 0; jj < 16; ++jj)
+      s[jj] = _mm512_dpbf16_ps(s[jj], (__m512bh)_mm512_set1_epi32(static_cast<int>(kt[p * 16 + jj])), qv);
   }
 }
 
 // O^T[d0 .. d0 + 16) of the lane group = corr O^T + sum over key pairs jp < npairs of Pp[jp]
 // x the value pairs of those channels (16 accumulators: 32 would leave no register for
 // the operands)
-inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const uint32_t* vp, int64_t npairs, int64_t Dv,
-                              int64_t d0) {
+inline void accumulate_values(float* ot, __m512 corr, const uint32_t* pp, const uint32_t* vp, int64_t npairs,
+                              int64_t Dv, int64_t d0) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int dd = 0; dd < 16; ++dd) acc[dd] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d0 + dd) * kLanes), corr);
@@ -246,7 +248,8 @@ inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
       const int64_t qrow0 = a.q_begin[b] + q0;
       // lane l of group g: row r = 16 g + l = head (r / bq) of the KV head, query q0 + r % bq
       auto query = [&](int64_t r) {
-        return reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.q) + (qrow0 + r % bq) * q_tok + (hkv * G + r / bq) * D);
+        return reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.q) + (qrow0 + r % bq) * q_tok +
+                                                 (hkv * G + r / bq) * D);
       };
       int64_t item_lo = INT64_MAX, item_hi = 0;
       for (int64_t g = 0; g < groups; ++g) {
@@ -284,8 +287,11 @@ inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
         for (int64_t j = 0; j < kBK; ++j) {
           const bool live = j < bk;
           // a key past the block reads the first one's row, and its score is masked
-          kr[j] = reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.k) + rows_k[live ? j : 0] * kv_tok + hkv * D);
-          vr[j] = live ? reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.v) + rows_k[j] * kv_tok + hkv * D) : nullptr;
+          kr[j] = reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.k) + rows_k[live ? j : 0] * kv_tok +
+                                                    hkv * D);
+          vr[j] =
+              live ? reinterpret_cast<const uint16_t*>(static_cast<const bf16_t*>(a.v) + rows_k[j] * kv_tok + hkv * D)
+                   : nullptr;
         }
         pack_value_pairs(vp, vr, D, Dv);
         for (int64_t c = 0; c < bk; c += 16) pack_key_pairs(kt + c * pairs, kr + c, D);
@@ -335,17 +341,18 @@ inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
                                                   vexp<true>(_mm512_sub_ps(m_old, base)));
           _mm512_storeu_ps(mx, m_new);
           // probabilities of keys c0 .. c1 as bf16 key pairs; a masked score (-inf) gives 0
-          const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                                      21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+          const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23,
+                                                      7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
           const __m512 base_log2e = _mm512_mul_ps(base, _mm512_set1_ps(1.44269504088896341f));
           __m512 total = _mm512_setzero_ps();
           for (int64_t j = c0; j < c1; j += 2) {
             __m512 e0 = exp_below(_mm512_loadu_ps(st + j * kLanes), base_log2e);
             __m512 e1 = exp_below(_mm512_loadu_ps(st + (j + 1) * kLanes), base_log2e);
             if (masked) {
-              e0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(st + j * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ), e0);
-              e1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(st + (j + 1) * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ),
-                                       e1);
+              e0 = _mm512_maskz_mov_ps(
+                  _mm512_cmp_ps_mask(_mm512_loadu_ps(st + j * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ), e0);
+              e1 = _mm512_maskz_mov_ps(
+                  _mm512_cmp_ps_mask(_mm512_loadu_ps(st + (j + 1) * kLanes), _mm512_set1_ps(ninf), _CMP_NEQ_OQ), e1);
             }
             total = _mm512_add_ps(total, _mm512_add_ps(e0, e1));
             const __m512i two = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // e0's 16 in the low half
@@ -363,7 +370,8 @@ inline void attention_bf16_lanes(const tnc::AttentionArgs& a, int threads) {
         const float* ot = gs + pairs * kLanes;
         const __m512 s = _mm512_loadu_ps(gs + pairs * kLanes + Dv * kLanes + kLanes);
         alignas(64) float inv[kLanes];
-        _mm512_store_ps(inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), s));
+        _mm512_store_ps(
+            inv, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.f), s));
         for (int64_t d0 = 0; d0 < Dv; d0 += 16) {
           __m512i t[16];
           for (int dd = 0; dd < 16; ++dd) t[dd] = _mm512_loadu_si512(ot + (d0 + dd) * kLanes);

@@ -298,7 +298,6 @@ inline F vrcp(F a) {
   }
 }
 
-
 // ---------------------------------------------------------------------------------------
 // registering a family's kernels (register_<family> at the end of each family file)
 

@@ -17,7 +17,9 @@
 // x * sigmoid(x) = x / (1 + e^-x), with a reciprocal instead of the division (1/inf = 0:
 // far below zero the result is -0, as the exact value underflows)
 template <bool Fast = false>
-inline F vsilu(F x) { return S::mul(x, vrcp<Fast>(S::add(S::set1(1.f), vexp_neg<Fast>(x)))); }
+inline F vsilu(F x) {
+  return S::mul(x, vrcp<Fast>(S::add(S::set1(1.f), vexp_neg<Fast>(x))));
+}
 
 // erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7)
 template <bool Fast = false>
@@ -54,23 +56,31 @@ struct ActivationDefaults {
 struct Silu : ActivationDefaults {
   static constexpr const char* kName = "silu";
   template <bool Fast>
-  static F apply(F v) { return vsilu<Fast>(v); }
+  static F apply(F v) {
+    return vsilu<Fast>(v);
+  }
 };
 struct Gelu : ActivationDefaults {
   static constexpr const char* kName = "gelu";
   template <bool Fast>
-  static F apply(F v) { return vgelu<Fast>(v); }
+  static F apply(F v) {
+    return vgelu<Fast>(v);
+  }
 };
 struct GeluTanh : ActivationDefaults {
   static constexpr const char* kName = "gelu_tanh";
   template <bool Fast>
-  static F apply(F v) { return vgelu_tanh<Fast>(v); }
+  static F apply(F v) {
+    return vgelu_tanh<Fast>(v);
+  }
 };
 struct Relu {
   static constexpr const char* kName = "relu";
   static constexpr int64_t kGrain = 65536;
   template <bool Fast>
-  static F apply(F v) { return S::max(S::zero(), v); }
+  static F apply(F v) {
+    return S::max(S::zero(), v);
+  }
 };
 
 template <class... A>
@@ -230,7 +240,8 @@ void binary_float(const tnc::BroadcastArgs& a, int threads) {
       const F sa = S::set1(tnc::to_float(*xa)), sb = S::set1(tnc::to_float(*xb)), va = S::set1(alpha);
       const auto op = [&](F u, F v) { return mul ? S::mul(u, v) : (scaled ? S::fma(v, va, u) : S::add(u, v)); };
       int64_t i = 0;
-      for (; i + W <= count; i += W) store_full<St>(y + i, op(a_vec ? S::load(xa + i) : sa, b_vec ? S::load(xb + i) : sb));
+      for (; i + W <= count; i += W)
+        store_full<St>(y + i, op(a_vec ? S::load(xa + i) : sa, b_vec ? S::load(xb + i) : sb));
       if (i < count) {
         const int64_t c = count - i;
         storec(y + i, op(a_vec ? loadc(xa + i, c) : sa, b_vec ? loadc(xb + i, c) : sb), c);
@@ -316,7 +327,8 @@ void clamp(const tnc::BroadcastArgs& a, int threads) {
 inline void register_elementwise(tnc::KernelTable& t) {
   for_each_activation(Activations{}, [&]<class A>() { t.add_member("Activation", A::kName); });
   for_each_float_type([&]<class T>(tnc::DType d) {
-    for_each_activation(Activations{}, [&]<class A>() { t.add<tnc::UnaryArgs>("unary", d, unary<T, A>, kActivationValue<A>); });
+    for_each_activation(Activations{},
+                        [&]<class A>() { t.add<tnc::UnaryArgs>("unary", d, unary<T, A>, kActivationValue<A>); });
     for_each_activation(GatedActivations{},
                         [&]<class A>() { t.add<tnc::GatedArgs>("gated", d, gated<T, A>, kActivationValue<A>); });
     t.add<tnc::BroadcastArgs>("binary", d, binary_float<T>);

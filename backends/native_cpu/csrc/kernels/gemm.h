@@ -13,8 +13,8 @@ constexpr int64_t kMC = kMR * 8;
 constexpr int64_t kNC = 512;
 
 // acc[MR x NR] (+)= Ap[kc x MR]^T * Bp[kc x NR]; c has row stride ldc.
-inline void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* __restrict c, int64_t ldc,
-                       int mr, int nr, bool first) {
+inline void micro_tile(int64_t kc, const float* __restrict ap, const float* __restrict bp, float* __restrict c,
+                       int64_t ldc, int mr, int nr, bool first) {
   F acc0[kMR], acc1[kMR];
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r) acc0[r] = acc1[r] = S::zero();
@@ -123,8 +123,8 @@ void gemm_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
             const int nr = static_cast<int>(std::min<int64_t>(kNR, nc - p * kNR));
             for (int64_t ir = 0; ir < mc; ir += kMR) {
               const int mr = static_cast<int>(std::min<int64_t>(kMR, mc - ir));
-              micro_tile(kc, apack + ir * kc, bpack + p * kc * kNR, cacc + (ic + ir) * nc_max + p * kNR,
-                         nc_max, mr, nr, first);
+              micro_tile(kc, apack + ir * kc, bpack + p * kc * kNR, cacc + (ic + ir) * nc_max + p * kNR, nc_max, mr, nr,
+                         first);
             }
           }
           if (last) {

@@ -22,8 +22,9 @@ constexpr int64_t kNCb = 2048;
 
 // With `out` set (the whole K in one block) the tile is rounded and stored to the bf16
 // result directly, skipping the float accumulator's round trip.
-inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, const uint16_t* __restrict bp, float* __restrict c,
-                            int64_t ldc, int mr, int nr, bool first, bf16_t* __restrict out = nullptr, int64_t ldo = 0) {
+inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, const uint16_t* __restrict bp,
+                            float* __restrict c, int64_t ldc, int mr, int nr, bool first,
+                            bf16_t* __restrict out = nullptr, int64_t ldo = 0) {
   __m512 acc0[kMRb], acc1[kMRb];
 #pragma GCC unroll 16
   for (int r = 0; r < kMRb; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
@@ -81,8 +82,8 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
   const int64_t kcp = (kc + 1) / 2;
   const bool full = col0 + 32 <= end && kc % 2 == 0;
   if (full && g.b_col == 1) {  // rows of B contiguous: interleave two rows per K pair
-    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                            5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
     for (int64_t kp = 0; kp < kcp; ++kp) {
       const bf16_t* r0 = B + (pc + 2 * kp) * g.b_row + col0;
@@ -105,7 +106,8 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
         __m512i rows[16];
         for (int r = 0; r < 16; ++r) {
           // 32 row streams at once are more than the hardware prefetcher tracks
-          if (kp0 + 128 < kcp) _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
+          if (kp0 + 128 < kcp)
+            _mm_prefetch(reinterpret_cast<const char*>(base + r * g.b_col + 2 * (kp0 + 128)), _MM_HINT_T0);
           rows[r] = _mm512_maskz_loadu_epi32(mk, base + r * g.b_col + 2 * kp0);
         }
         transpose16x16_epi32(rows);
@@ -140,7 +142,8 @@ inline void micro_tile_bf16(int64_t kp_count, const uint32_t* __restrict ap, con
       const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
       __m512i rows[16];
       for (int r = 0; r < 16; ++r)
-        rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (row0 + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
+        rows[r] =
+            r < live ? _mm512_maskz_loadu_epi32(mk, A + (row0 + r) * g.a_row + pc + 2 * kp0) : _mm512_setzero_si512();
       transpose16x16_epi32(rows);
       for (int t = 0; t < rem; ++t) _mm512_mask_storeu_epi32(dst + (kp0 + t) * kMRb, 0x0fff, rows[t]);
     }
@@ -195,8 +198,9 @@ inline void gemm_bf16_dot_panels(const tnc::GemmArgs& g, const bf16_t* A, const 
       for (int64_t t = 0; t < tiles; ++t) {
         if (ahead) {
           for (int64_t i = t * slice, e = std::min(32 * row_lines, i + slice); i < e; ++i)
-            _mm_prefetch(reinterpret_cast<const char*>(B + (col0 + 32 + i / row_lines) * g.b_col) + (i % row_lines) * 64,
-                         _MM_HINT_T1);
+            _mm_prefetch(
+                reinterpret_cast<const char*>(B + (col0 + 32 + i / row_lines) * g.b_col) + (i % row_lines) * 64,
+                _MM_HINT_T1);
         }
         const int mr = static_cast<int>(std::min<int64_t>(kMRb, m - t * kMRb));
         micro_tile_bf16(kcp, apack + t * kMRb * kcp, bpanel, nullptr, 0, mr, nr, true, D + t * kMRb * n + col0, n);
@@ -246,8 +250,8 @@ inline void gemm_bf16_dot_product(const tnc::GemmArgs& g, int64_t bi, int thread
             const int nr = static_cast<int>(std::min<int64_t>(32, nc - p * 32));
             for (int64_t ir = 0; ir < mcur; ir += kMRb) {
               const int mr = static_cast<int>(std::min<int64_t>(kMRb, mcur - ir));
-              micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max, mr, nr,
-                              first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
+              micro_tile_bf16(kcp, apack + ir * kcp, bpack + p * kcp * 64, cacc + (ic + ir) * nc_max + p * 32, nc_max,
+                              mr, nr, first, first && last ? D + (ic + ir) * n + jc + p * 32 : nullptr, n);
             }
           }
           if (last && !first) {

@@ -35,8 +35,9 @@ inline bool direct_nt_enabled() {
 }
 
 template <int MV>
-inline void micro_tile_bf16_nt(int64_t kp_count, const uint32_t* __restrict ap, const bf16_t* __restrict b, int64_t ldb, int nb,
-                               float* __restrict ct, int64_t ldct, bool first, const bf16_t* prefetch = nullptr) {
+inline void micro_tile_bf16_nt(int64_t kp_count, const uint32_t* __restrict ap, const bf16_t* __restrict b, int64_t ldb,
+                               int nb, float* __restrict ct, int64_t ldct, bool first,
+                               const bf16_t* prefetch = nullptr) {
   __m512 acc[kNBd][MV];
 #pragma GCC unroll 16
   for (int j = 0; j < kNBd; ++j)
@@ -50,7 +51,8 @@ inline void micro_tile_bf16_nt(int64_t kp_count, const uint32_t* __restrict ap, 
     // so that they come from DRAM while this one computes
     if (prefetch != nullptr && kp % 16 == 0) {
 #pragma GCC unroll 16
-      for (int j = 0; j < kNBd; ++j) _mm_prefetch(reinterpret_cast<const char*>(prefetch + j * ldb + 2 * kp), _MM_HINT_T0);
+      for (int j = 0; j < kNBd; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(prefetch + j * ldb + 2 * kp), _MM_HINT_T0);
     }
     __m512bh av[MV];
 #pragma GCC unroll 2
@@ -102,7 +104,8 @@ inline void gemm_bf16_nt_direct(const tnc::GemmArgs& g, int threads) {
             const __mmask16 mk = static_cast<__mmask16>((1u << rem) - 1u);
             __m512i rows[16];
             for (int r = 0; r < 16; ++r)
-              rows[r] = r < live ? _mm512_maskz_loadu_epi32(mk, A + (row0 + r) * g.a_row + 2 * kp0) : _mm512_setzero_si512();
+              rows[r] =
+                  r < live ? _mm512_maskz_loadu_epi32(mk, A + (row0 + r) * g.a_row + 2 * kp0) : _mm512_setzero_si512();
             transpose16x16_epi32(rows);
             for (int t = 0; t < rem; ++t) _mm512_storeu_si512(dst + (kp0 + t) * 32, rows[t]);
           }
@@ -166,8 +169,8 @@ inline void gemm_bf16_nt_direct(const tnc::GemmArgs& g, int threads) {
 // bfloat16 skinny NT on AVX512-BF16: A and B are both K-contiguous bf16, so consecutive
 // elements already form vdpbf16ps's K pairs: 32 products per instruction, no widening.
 template <int MR, int NB>
-inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, const uint16_t* __restrict b, int64_t ldb, int64_t k,
-                                 int nb, float out[MR][NB]) {
+inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, const uint16_t* __restrict b, int64_t ldb,
+                                 int64_t k, int nb, float out[MR][NB]) {
   __m512 acc[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -209,8 +212,8 @@ inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, cons
 }
 
 template <int MR>
-void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n, int64_t j0,
-                    int64_t j1) {
+void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n,
+                    int64_t j0, int64_t j1) {
   constexpr int NB = MR <= 2 ? 8 : MR <= 4 ? 4 : 2;
   float out[MR][NB];
   for (int64_t j = j0; j < j1; j += NB) {
@@ -232,7 +235,8 @@ constexpr int64_t kRowPrefetchBytes = 4096;
 // vector of partial sums per A row: the row is read once, as one forward stream,
 // prefetched kRowPrefetchBytes ahead (past B's end too: a prefetch never faults).
 template <int MR>
-inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k, __m512 sums[MR]) {
+inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k,
+                             __m512 sums[MR]) {
   constexpr int C = MR == 1 ? 8 : MR == 2 ? 4 : 2;
   const int64_t k32 = k / 32 * 32;
   const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (k - k32)) - 1);
@@ -248,11 +252,13 @@ inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uin
       if (c % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + kk + 32 * c) + kRowPrefetchBytes, _MM_HINT_T1);
       const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk + 32 * c);
 #pragma GCC unroll 4
-      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk + 32 * c), bv);
+      for (int r = 0; r < MR; ++r)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk + 32 * c), bv);
     }
   for (int c = 0; kk < k32; kk += 32, ++c) {
     const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk);
-    for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk), bv);
+    for (int r = 0; r < MR; ++r)
+      acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)_mm512_loadu_si512(a + r * kp + kk), bv);
   }
   if (kk < k) {  // a is zero-padded to a multiple of 32
     const __m512bh bv = (__m512bh)_mm512_maskz_loadu_epi16(tail, row + kk);
@@ -271,7 +277,8 @@ inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uin
 // The same dots reduced to one float per A row. The MoE decode path's row dots
 // (kernels/moe_avx512_bf16.h) for up to 4 tokens.
 template <int MR>
-inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k, float out[MR]) {
+inline void dot_bf16_nt_rows(const uint16_t* __restrict a, int64_t kp, const uint16_t* __restrict row, int64_t k,
+                             float out[MR]) {
   __m512 sums[MR];
   dot_bf16_nt_sums<MR>(a, kp, row, k, sums);
   for (int r = 0; r < MR; ++r) out[r] = _mm512_reduce_add_ps(sums[r]);
@@ -295,8 +302,8 @@ constexpr int64_t kGemvBlockRows = kGemvSums / MR;
 constexpr int64_t kGemvMaxABytes = 16 << 10;
 
 template <int MR>
-inline void gemv_rows_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n,
-                              int64_t j0, int64_t j1) {
+inline void gemv_rows_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D,
+                              int64_t n, int64_t j0, int64_t j1) {
   constexpr int kRows = kGemvBlockRows<MR>;
   int64_t j = j0;
   for (; j + kRows <= j1; j += kRows) {
@@ -318,8 +325,8 @@ inline void gemv_rows_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B,
 
 // Parallel over whole blocks of gemv_rows_bf16_nt<MR>'s B rows: only B's last block is partial.
 template <int MR>
-inline void gemv_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D, int64_t n,
-                         int64_t grain, int threads) {
+inline void gemv_bf16_nt(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t ldb, int64_t k, bf16_t* D,
+                         int64_t n, int64_t grain, int threads) {
   constexpr int64_t kRows = kGemvBlockRows<MR>;
   tnc::parallel_for((n + kRows - 1) / kRows, std::max<int64_t>(1, grain / kRows), threads, [&](int64_t b0, int64_t b1) {
     gemv_rows_bf16_nt<MR>(ap, kp, B, ldb, k, D, n, b0 * kRows, std::min(n, b1 * kRows));

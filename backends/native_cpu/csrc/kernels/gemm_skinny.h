@@ -55,7 +55,7 @@ inline void skinny_nt_block(const float* __restrict ap, int64_t kp, const T* b, 
     ahead[j] = next != nullptr ? next + std::min(j, next_nb - 1) * ldb : nullptr;
   }
   // A's elements [kk, kk + kStep) against B's at src[j] + at
-  auto step = [&](int64_t kk, const T* const (&src)[NB], int64_t at) {
+  auto step = [&](int64_t kk, const T* const(&src)[NB], int64_t at) {
     if constexpr (Pairs) {
       F ae[MR], ao[MR];
 #pragma GCC unroll 8
@@ -152,7 +152,7 @@ inline void skinny_nt_row(const float* __restrict ap, int64_t kp, const T* row, 
   };
   int64_t kk = 0;
   for (; kk + C * kStep <= k; kk += C * kStep) {
-    prefetch_row_ahead<C * kStep * static_cast<int>(sizeof(T))>(row + kk);
+    prefetch_row_ahead<C * kStep* static_cast<int>(sizeof(T))>(row + kk);
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) step(c, kk + c * kStep, row + kk + c * kStep);
   }
@@ -220,7 +220,8 @@ void skinny_nt(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, 
 }
 
 template <class T, int MR>
-void skinny_nn(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t c0, int64_t c1) {
+void skinny_nn(const float* ap, int64_t kp, const T* B, int64_t ldb, int64_t k, T* D, int64_t n, int64_t c0,
+               int64_t c1) {
   constexpr int CV = W >= 16 ? (MR <= 2 ? 8 : MR <= 4 ? 4 : 2) : (W >= 8 ? (MR <= 2 ? 4 : MR <= 4 ? 2 : 1) : 4);
   for (int64_t j = c0; j < c1; j += CV * W) {
     const int64_t cols = std::min<int64_t>(CV * W, c1 - j);

@@ -54,8 +54,8 @@ inline size_t route_scratch(int64_t experts, int64_t top_k) { return static_cast
 
 // One token: logits[E] -> weights[K] (float32) and ids[K], descending by selection value.
 template <class T>
-inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, tnc::MoeScoring scoring, bool renormalize,
-                      float* work, float* weights, int32_t* ids) {
+inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, tnc::MoeScoring scoring,
+                      bool renormalize, float* work, float* weights, int32_t* ids) {
   float* scores = work;
   float* select = work + E + W;  // the logits, unless a bias makes it sigmoid + bias
   float* kept_value = select + E + W;
@@ -78,7 +78,8 @@ inline void route_one(const T* logits, const float* bias, int64_t E, int64_t K, 
       storec(scores + e, vrcp<false>(S::add(S::set1(1.f), vexp_neg<false>(loadc(select + e, E - e)))), E - e);
   }
   if (bias != nullptr)
-    for (int64_t e = 0; e < E; e += W) storec(select + e, S::add(loadc(scores + e, E - e), loadc(bias + e, E - e)), E - e);
+    for (int64_t e = 0; e < E; e += W)
+      storec(select + e, S::add(loadc(scores + e, E - e), loadc(bias + e, E - e)), E - e);
   // one pass over the experts keeping the best K so far in order (ids[0..kept)); an
   // expert enters only if it ranks above the last kept one, and goes after every kept one
   // it does not rank above: equal values keep the lower id first. Past the first K experts
@@ -130,8 +131,8 @@ void route_tokens(const T* logits, const float* bias, int64_t tokens, int64_t E,
 
 template <class T>
 void fused_topk(const tnc::TopKArgs& a, int threads) {
-  route_tokens(static_cast<const T*>(a.logits), a.bias, a.tokens, a.experts, a.top_k, a.scoring, a.renormalize, a.weights,
-               a.ids, threads);
+  route_tokens(static_cast<const T*>(a.logits), a.bias, a.tokens, a.experts, a.top_k, a.scoring, a.renormalize,
+               a.weights, a.ids, threads);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -261,7 +262,8 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
       for (int64_t r = 0; r < count[u]; ++r) {
         alignas(64) float h[kMoeGateRows + 16];
         for (int64_t j = 0; j < rows; j += W)
-          storec(h + j, S::mul(unary_apply<T, Act>(loadc(dots[0][r] + j, rows - j)), loadc(dots[1][r] + j, rows - j)), rows - j);
+          storec(h + j, S::mul(unary_apply<T, Act>(loadc(dots[0][r] + j, rows - j)), loadc(dots[1][r] + j, rows - j)),
+                 rows - j);
         A* dst = ha + (u * kT + r) * kpf + j0;
         for (int64_t j = 0; j < rows; ++j) dst[j] = Rows::rounded(h[j]);
       }
@@ -297,7 +299,8 @@ void moe_decode(const tnc::MoeArgs& a, int threads) {
       }
       const F scale = S::set1(a.scale);
       for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t c = 0; c < cols; c += W) storec(out + t * H + c0 + c, S::mul(scale, loadc(acc[t] + c, cols - c)), cols - c);
+        for (int64_t c = 0; c < cols; c += W)
+          storec(out + t * H + c0 + c, S::mul(scale, loadc(acc[t] + c, cols - c)), cols - c);
     }
   });
 }
@@ -340,7 +343,8 @@ void moe_prefill(const tnc::MoeArgs& a, int threads) {
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(xs + r * H, x + (pair_at[r] / K) * H, static_cast<size_t>(H) * sizeof(T));
   });
-  auto expert_gemm = [&](const T* lhs, const T* weight, T* result, int64_t rows, int64_t n, int64_t k, int gemm_threads) {
+  auto expert_gemm = [&](const T* lhs, const T* weight, T* result, int64_t rows, int64_t n, int64_t k,
+                         int gemm_threads) {
     tnc::GemmArgs g{};
     g.a = lhs;
     g.b = weight;
@@ -378,19 +382,22 @@ void moe_prefill(const tnc::MoeArgs& a, int threads) {
     expert_gemm(hs + start[e] * Fz, wd + e * H * Fz, ys + start[e] * H, rows, H, Fz, 1);
   });
   // the weighted sum, one token per task: its output row is written by one thread only
-  tnc::parallel_for(tokens, std::max<int64_t>(1, row_grain(H) / std::max<int64_t>(K, 1)), threads, [&](int64_t t0, int64_t t1) {
-    float* acc = scratch(static_cast<size_t>(H + W), 0);
-    const F scale = S::set1(a.scale);
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t c = 0; c < H; c += W) storec(acc + c, S::zero(), H - c);
-      for (int64_t k = 0; k < K; ++k) {
-        const F w = S::set1(weights[t * K + k]);
-        const T* y = ys + static_cast<int64_t>(row_of[t * K + k]) * H;
-        for (int64_t c = 0; c < H; c += W) storec(acc + c, S::fma(w, loadc(y + c, H - c), loadc(acc + c, H - c)), H - c);
-      }
-      for (int64_t c = 0; c < H; c += W) storec(out + t * H + c, S::mul(scale, loadc(acc + c, H - c)), H - c);
-    }
-  });
+  tnc::parallel_for(tokens, std::max<int64_t>(1, row_grain(H) / std::max<int64_t>(K, 1)), threads,
+                    [&](int64_t t0, int64_t t1) {
+                      float* acc = scratch(static_cast<size_t>(H + W), 0);
+                      const F scale = S::set1(a.scale);
+                      for (int64_t t = t0; t < t1; ++t) {
+                        for (int64_t c = 0; c < H; c += W) storec(acc + c, S::zero(), H - c);
+                        for (int64_t k = 0; k < K; ++k) {
+                          const F w = S::set1(weights[t * K + k]);
+                          const T* y = ys + static_cast<int64_t>(row_of[t * K + k]) * H;
+                          for (int64_t c = 0; c < H; c += W)
+                            storec(acc + c, S::fma(w, loadc(y + c, H - c), loadc(acc + c, H - c)), H - c);
+                        }
+                        for (int64_t c = 0; c < H; c += W)
+                          storec(out + t * H + c, S::mul(scale, loadc(acc + c, H - c)), H - c);
+                      }
+                    });
 }
 
 template <class T, class Act, class Rows = WidenedDecodeRows<T>>
@@ -407,8 +414,12 @@ void fused_moe(const tnc::MoeArgs& a, int threads) {
 
 inline void register_moe(tnc::KernelTable& t) {
   for_each_float_type([&]<class T>(tnc::DType d) { t.add<tnc::TopKArgs>("fused_topk", d, fused_topk<T>); });
-  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::f16, fused_moe<half_t, Silu>, static_cast<int>(tnc::MoeActivation::silu_and_mul));
-  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::f16, fused_moe<half_t, Gelu>, static_cast<int>(tnc::MoeActivation::gelu_and_mul));
-  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::bf16, fused_moe<bf16_t, Silu>, static_cast<int>(tnc::MoeActivation::silu_and_mul));
-  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::bf16, fused_moe<bf16_t, Gelu>, static_cast<int>(tnc::MoeActivation::gelu_and_mul));
+  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::f16, fused_moe<half_t, Silu>,
+                      static_cast<int>(tnc::MoeActivation::silu_and_mul));
+  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::f16, fused_moe<half_t, Gelu>,
+                      static_cast<int>(tnc::MoeActivation::gelu_and_mul));
+  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::bf16, fused_moe<bf16_t, Silu>,
+                      static_cast<int>(tnc::MoeActivation::silu_and_mul));
+  t.add<tnc::MoeArgs>("fused_moe", tnc::DType::bf16, fused_moe<bf16_t, Gelu>,
+                      static_cast<int>(tnc::MoeActivation::gelu_and_mul));
 }

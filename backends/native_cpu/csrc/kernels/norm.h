@@ -98,10 +98,11 @@ template <class T>
 void fused_add_rms_norm(const tnc::NormArgs& a, int threads) {
   const int64_t n = a.n;
   const T* w = static_cast<const T*>(a.weight);
-  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
-    constexpr bool St = decltype(stream)::value;
-    rms_norm_row<St>(s, w, y, n, fused_add_row<St>(x, res, s, rout, n).squares, a.eps, nx, nres);
-  });
+  fused_add_rows<T>(a, threads,
+                    [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
+                      constexpr bool St = decltype(stream)::value;
+                      rms_norm_row<St>(s, w, y, n, fused_add_row<St>(x, res, s, rout, n).squares, a.eps, nx, nres);
+                    });
 }
 
 template <class T>
@@ -140,7 +141,8 @@ inline void layer_norm_row(const T* x, const T* w, const T* b, T* y, int64_t n, 
     load_pair(x + i, xa, xb);
     load_pair(w + i, wa, wb);
     load_pair(b + i, ba, bb);
-    store_pair_full<St>(y + i, S::fma(S::mul(S::sub(xa, m), rstd), wa, ba), S::fma(S::mul(S::sub(xb, m), rstd), wb, bb));
+    store_pair_full<St>(y + i, S::fma(S::mul(S::sub(xa, m), rstd), wa, ba),
+                        S::fma(S::mul(S::sub(xb, m), rstd), wb, bb));
   }
   for (; i < n; i += W) {
     const int64_t c = n - i;
@@ -156,8 +158,9 @@ void layer_norm(const tnc::NormArgs& a, int threads) {
     tnc::parallel_for(a.rows, row_grain(n), threads, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const T* x = static_cast<const T*>(a.x) + r * n;
-        layer_norm_row<St>(x, static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), static_cast<T*>(a.out) + r * n, n,
-                           sum_run(x, n) / static_cast<float>(n), a.eps, next_row<T>(a.x, r, r1, n));
+        layer_norm_row<St>(x, static_cast<const T*>(a.weight), static_cast<const T*>(a.bias),
+                           static_cast<T*>(a.out) + r * n, n, sum_run(x, n) / static_cast<float>(n), a.eps,
+                           next_row<T>(a.x, r, r1, n));
       }
       if constexpr (St) S::stream_fence();
     });
@@ -168,11 +171,12 @@ template <class T>
 void fused_add_layer_norm(const tnc::NormArgs& a, int threads) {
   const T* w = static_cast<const T*>(a.weight);
   const T* b = static_cast<const T*>(a.bias);
-  fused_add_rows<T>(a, threads, [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
-    constexpr bool St = decltype(stream)::value;
-    const float mean = fused_add_row<St>(x, res, s, rout, a.n).sum / static_cast<float>(a.n);
-    layer_norm_row<St>(s, w, b, y, a.n, mean, a.eps, nx, nres);
-  });
+  fused_add_rows<T>(a, threads,
+                    [&](auto stream, const T* x, const T* res, T* s, T* rout, T* y, const T* nx, const T* nres) {
+                      constexpr bool St = decltype(stream)::value;
+                      const float mean = fused_add_row<St>(x, res, s, rout, a.n).sum / static_cast<float>(a.n);
+                      layer_norm_row<St>(s, w, b, y, a.n, mean, a.eps, nx, nres);
+                    });
 }
 
 template <class T>

@@ -71,7 +71,8 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
   const int64_t chunks = (len + kChunk - 1) / kChunk;
   const int64_t items = n_kept * chunks;
   int64_t rparts = 1;
-  if (items < 2 * threads) rparts = std::max<int64_t>(1, std::min<int64_t>((2 * threads + items - 1) / items, n_red / 16));
+  if (items < 2 * threads)
+    rparts = std::max<int64_t>(1, std::min<int64_t>((2 * threads + items - 1) / items, n_red / 16));
   const int64_t rspan = (n_red + rparts - 1) / rparts;
   const int64_t cw = std::min(kChunk, len);
   std::vector<float> partial(rparts > 1 ? static_cast<size_t>(items * rparts * cw) : 0);
@@ -105,7 +106,8 @@ void reduce(const tnc::ReduceArgs& a, int threads) {
       const T* p = x + base + offset_of(rc, red, nr);
       int64_t i = 0;
       for (; i + 4 * W <= cnt; i += 4 * W) {
-        F c0 = S::load(acc + i), c1 = S::load(acc + i + W), c2 = S::load(acc + i + 2 * W), c3 = S::load(acc + i + 3 * W);
+        F c0 = S::load(acc + i), c1 = S::load(acc + i + W), c2 = S::load(acc + i + 2 * W),
+          c3 = S::load(acc + i + 3 * W);
         const F v0 = S::load(p + i), v1 = S::load(p + i + W), v2 = S::load(p + i + 2 * W), v3 = S::load(p + i + 3 * W);
         if (is_max) {
           c0 = S::max_nan(c0, v0), c1 = S::max_nan(c1, v1), c2 = S::max_nan(c2, v2), c3 = S::max_nan(c3, v3);

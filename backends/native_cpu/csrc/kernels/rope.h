@@ -73,7 +73,8 @@ void rope(const tnc::RopeArgs& a, int threads) {
         if (a.positions == nullptr) {
           pos = t % a.seq;
         } else {
-          pos = a.positions_are_i64 ? static_cast<const int64_t*>(a.positions)[t] : static_cast<const int32_t*>(a.positions)[t];
+          pos = a.positions_are_i64 ? static_cast<const int64_t*>(a.positions)[t]
+                                    : static_cast<const int32_t*>(a.positions)[t];
         }
         const float* cs = a.cos + pos * half;
         const float* sn = a.sin + pos * half;

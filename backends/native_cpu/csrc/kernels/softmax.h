@@ -52,7 +52,8 @@ void softmax_rows(const tnc::SoftmaxArgs& a, int64_t r0, int64_t r1) {
     }
     for (; i < n; i += W) {
       const int64_t c = n - i;
-      const F e = vexp<kHalfT<T>>(S::sub(loadc(x + i, c, -std::numeric_limits<float>::infinity()), m));  // padding: exp(-inf) = 0
+      const F e = vexp<kHalfT<T>>(
+          S::sub(loadc(x + i, c, -std::numeric_limits<float>::infinity()), m));  // padding: exp(-inf) = 0
       storec(e_buf + i, e, c);
       acc0 = S::add(acc0, e);
     }
@@ -103,7 +104,8 @@ void softmax(const tnc::SoftmaxArgs& a, int threads) {
     });
   } else {
     const int64_t items = a.outer * ((a.inner + W - 1) / W);
-    tnc::parallel_for(items, row_grain(a.n * W), threads, [&](int64_t i0, int64_t i1) { softmax_columns<T>(a, i0, i1); });
+    tnc::parallel_for(items, row_grain(a.n * W), threads,
+                      [&](int64_t i0, int64_t i1) { softmax_columns<T>(a, i0, i1); });
   }
 }
 

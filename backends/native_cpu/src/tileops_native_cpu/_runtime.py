@@ -109,12 +109,16 @@ def check_inputs(op: str, dtypes: Sequence[torch.dtype], **specs: Any) -> torch.
     (first_name, first), *others = specs.items()
     if first.dtype not in dtypes:
         names = ", ".join(dtype_name(d) for d in dtypes)
-        raise TypeError(f"{TARGET} {op}: {first_name} must be one of the dtypes its manifest lists ({names}); "
-                        f"got {first_name} of {dtype_name(first.dtype)}")
+        raise TypeError(
+            f"{TARGET} {op}: {first_name} must be one of the dtypes its manifest lists ({names}); "
+            f"got {first_name} of {dtype_name(first.dtype)}"
+        )
     for name, spec in others:
         if spec is not None and spec.dtype != first.dtype:
-            raise TypeError(f"{TARGET} {op}: every input must have {first_name}'s dtype {dtype_name(first.dtype)}; "
-                            f"got {name} of {dtype_name(spec.dtype)}")
+            raise TypeError(
+                f"{TARGET} {op}: every input must have {first_name}'s dtype {dtype_name(first.dtype)}; "
+                f"got {name} of {dtype_name(spec.dtype)}"
+            )
     return first.dtype
 
 
@@ -135,4 +139,3 @@ def check_broadcast(op: str, what: str, *specs: Any) -> None:
         torch.broadcast_shapes(*shapes)
     except RuntimeError:
         raise fail(op, f"{what} must broadcast", " and ".join(map(str, shapes))) from None
-

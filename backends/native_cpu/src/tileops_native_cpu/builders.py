@@ -58,8 +58,21 @@ from .factories.reduction import reduction
 from .factories.rope import rope, rope_position_ids
 from .factories.softmax import softmax
 
-__all__ = ["ALL_DTYPES", "BUILDERS", "FLOATS", "HALVES", "INTEGRAL", "MAX_DIMS", "TARGET", "Builder", "Factory", "detect",
-           "native", "native_dtype", "specialisations"]
+__all__ = [
+    "ALL_DTYPES",
+    "BUILDERS",
+    "FLOATS",
+    "HALVES",
+    "INTEGRAL",
+    "MAX_DIMS",
+    "TARGET",
+    "Builder",
+    "Factory",
+    "detect",
+    "native",
+    "native_dtype",
+    "specialisations",
+]
 
 # ---------------------------------------------------------------------------------------
 # the table: one line per op (its manifest's name -> a family's factory and what it fixes)
@@ -106,7 +119,6 @@ _TABLE: dict[str, Factory] = {
     "FusedTopKOp": fused_topk(FLOATS),
     "FusedMoeFwdOp": fused_moe(HALVES),
 }
-
 
 
 def _builder(op: str, factory: Factory) -> Builder:

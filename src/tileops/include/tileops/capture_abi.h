@@ -39,8 +39,7 @@ typedef struct tileops_capture_abi {
    * `make(ctx, ...)` and kept; while replaying, the tensor made then. Returns a new
    * reference (PyObject*) and sets *data; NULL with a Python exception set when a replayed
    * launch asks for an output its capture did not make (its inputs changed shape). */
-  void* (*output)(int ndim, const int64_t* shape, int64_t dtype_word, void** data, tileops_make_output make,
-                  void* ctx);
+  void* (*output)(int ndim, const int64_t* shape, int64_t dtype_word, void** data, tileops_make_output make, void* ctx);
 } tileops_capture_abi;
 
 #ifdef __cplusplus

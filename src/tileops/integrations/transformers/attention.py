@@ -33,8 +33,16 @@ from .cache import TileopsCache, new_token_counts
 NAME = "tileops"
 
 
-def mask_for_tileops(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                     mask_function: Any = None, attention_mask: torch.Tensor | None = None, **kwargs: Any):
+def mask_for_tileops(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Any = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+):
     """The mask tileops attention gets: the 2-D boolean padding mask ``[B, kv_length]``
     (None when nothing is padded). Causality and windows are the ops' own params."""
     return padding_mask(attention_mask, q_length)
@@ -57,10 +65,19 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                      sliding_window: int | None = None, softcap: float | None = None,
-                      tileops_cache: TileopsCache | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def tileops_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    tileops_cache: TileopsCache | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: query [B, H, S, D], key/value [B, H_kv, S, D]
     (this step's tokens; the cache is ``tileops_cache``) -> ([B, S, H, D], None)."""
     if dropout:
@@ -73,15 +90,34 @@ def tileops_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             "setting the attention implementation by hand)"
         )
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, S, H, D]
-    out = attend(module, q, k, v, attention_mask, tileops_cache, scaling=scaling, sliding_window=sliding_window,
-                 softcap=softcap, position_ids=kwargs.get("position_ids"))
+    out = attend(
+        module,
+        q,
+        k,
+        v,
+        attention_mask,
+        tileops_cache,
+        scaling=scaling,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        position_ids=kwargs.get("position_ids"),
+    )
     return out, None
 
 
-def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           attention_mask: torch.Tensor | None, cache: TileopsCache | None, *, scaling: float | None = None,
-           sliding_window: int | None = None, softcap: float | None = None,
-           position_ids: torch.Tensor | None = None) -> torch.Tensor:
+def attend(
+    module: torch.nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cache: TileopsCache | None,
+    *,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q [B, S, H, D], k and v [B, S, H_kv, D] (this forward's tokens) -> [B, S, H, D].
 
     With a cache, the paged prefill op appends the real tokens to this layer's pools and
@@ -99,8 +135,11 @@ def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
         counts = step.counts
     else:
         counts = tuple(new_token_counts(attention_mask, batch, q_len, [0] * batch))
-    packed = None if cache is not None or attention_mask is not None or position_ids is None else (
-        packed_lengths(position_ids, batch, q_len))
+    packed = (
+        None
+        if cache is not None or attention_mask is not None or position_ids is None
+        else (packed_lengths(position_ids, batch, q_len))
+    )
     padded = any(n != q_len for n in counts)
     flat = lambda t: t.reshape(batch * q_len, t.shape[2], dim)  # noqa: E731  (a view when [B, S] is contiguous)
     if padded:
@@ -113,8 +152,7 @@ def attend(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if cache is not None:
         k_pages, v_pages = layer.pools()
         op = state.paged(step.width, longest, scale, cap, window)
-        out_p = op(qp, kp, vp, k_pages, v_pages, None, None, step.cu_seqlens_q, step.cache_seqlens,
-                   step.block_table)
+        out_p = op(qp, kp, vp, k_pages, v_pages, None, None, step.cu_seqlens_q, step.cache_seqlens, step.block_table)
     else:
         cu = PagedKVCache.cu_seqlens(packed or counts, q.device)
         out_p = state.prefill(longest, longest, scale, cap, window)(qp, kp, vp, cu, cu)

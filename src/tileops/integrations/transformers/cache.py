@@ -133,15 +133,20 @@ class TileopsCache(Cache):
             raise ValueError(f"TileopsCache holds {len(self.seqs)} sequences, got a batch of {batch}")
         return [self.paged.seqlen(s) for s in self.seqs]
 
-    def step_for(self, layer: TileopsCacheLayer, q_len: int, attention_mask: torch.Tensor | None,
-                 k: torch.Tensor) -> Step:
+    def step_for(
+        self, layer: TileopsCacheLayer, q_len: int, attention_mask: torch.Tensor | None, k: torch.Tensor
+    ) -> Step:
         """The step of ``layer``'s forward: begun by the first layer to arrive (pages
         reserved, lengths advanced, tensors made), reused by the others."""
         batch = k.shape[0]
         if layer.seen == self.seen:  # the first layer of a new forward
             self._start(batch, q_len, attention_mask, k)
-        elif (self.step is None or layer.seen + q_len != self.seen or self.step.q_len != q_len
-              or len(self.step.counts) != batch):
+        elif (
+            self.step is None
+            or layer.seen + q_len != self.seen
+            or self.step.q_len != q_len
+            or len(self.step.counts) != batch
+        ):
             raise RuntimeError(
                 f"TileopsCache: layer {layer.index} has seen {layer.seen} positions and got {q_len} more, "
                 f"but the cache's forward covers positions up to {self.seen}: every layer must run every "
@@ -182,8 +187,14 @@ class TileopsCache(Cache):
             return
         step = self.step
         self.paged.advance(self.seqs, [steps] * len(self.seqs))
-        self.step = Step(step.q_len, step.counts, tuple(c + steps for c in step.cached), step.cu_seqlens_q,
-                         step.cache_seqlens, step.block_table)
+        self.step = Step(
+            step.q_len,
+            step.counts,
+            tuple(c + steps for c in step.cached),
+            step.cu_seqlens_q,
+            step.cache_seqlens,
+            step.block_table,
+        )
         self.seen += steps
         for layer in self.layers:
             layer.seen += steps
@@ -234,8 +245,16 @@ class TileopsCache(Cache):
     def _make(self, batch: int, k: torch.Tensor, longest: int) -> None:
         # Room for the prompt and MIN_DECODE_ROOM more tokens per sequence before a growth.
         pages = batch * -(-(max(longest, 1) + MIN_DECODE_ROOM) // self.page_size)
-        self.paged = PagedKVCache(pages, self.page_size, k.shape[2], k.shape[3], dtype=k.dtype, device=k.device,
-                                  max_pages_per_seq=1 << 20, num_layers=len(self.layers))
+        self.paged = PagedKVCache(
+            pages,
+            self.page_size,
+            k.shape[2],
+            k.shape[3],
+            dtype=k.dtype,
+            device=k.device,
+            max_pages_per_seq=1 << 20,
+            num_layers=len(self.layers),
+        )
         self.seqs = [self.paged.add_sequence() for _ in range(batch)]
 
 

@@ -88,13 +88,15 @@ def routing_as_logits(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, nu
         raise ValueError("tileops experts take routing weights in [0, 1] (a softmax router's), got others")
     logit = (torch.log(w) - torch.log1p(-w)).float()  # sigmoid(logit) = w; w = 1 gives +inf, sigmoid 1
     logit = logit.masked_fill(w == 0, _F32_MIN)  # chosen with weight 0: still above the -inf of the others
-    gating = torch.full((top_k_index.shape[0], num_experts), float("-inf"), dtype=torch.float32,
-                        device=top_k_index.device)
+    gating = torch.full(
+        (top_k_index.shape[0], num_experts), float("-inf"), dtype=torch.float32, device=top_k_index.device
+    )
     return gating.scatter_(1, top_k_index.long(), logit)
 
 
-def tileops_experts(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:
+def tileops_experts(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """transformers' experts signature: hidden_states [T, H], top_k_index / top_k_weights [T, K] -> [T, H]."""
     st = self.__dict__.get("_tileops")
     if st is None:

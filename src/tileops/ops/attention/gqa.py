@@ -27,17 +27,14 @@ _SHAPE_ARGS = {"batch": "int", "heads": "int", "heads_kv": "int"}
 _SCORE_ARGS = {"sm_scale": "float?", "softcap": "float?"}
 
 
-def _constructor_extras(
-    op: str, dims: dict[str, int], sm_scale: float | None, softcap: float | None
-) -> dict[str, Any]:
+def _constructor_extras(op: str, dims: dict[str, int], sm_scale: float | None, softcap: float | None) -> dict[str, Any]:
     """Validates the constructor-only arguments and returns them as the op's extras."""
     for name, value in dims.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{op}: {name} must be a positive int, got {value!r}")
     if dims["heads"] % dims["heads_kv"]:
         raise ValueError(
-            f"{op}: heads must be a multiple of heads_kv, got heads={dims['heads']}, "
-            f"heads_kv={dims['heads_kv']}"
+            f"{op}: heads must be a multiple of heads_kv, got heads={dims['heads']}, heads_kv={dims['heads_kv']}"
         )
     if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0):
         raise ValueError(f"{op}: sm_scale must be a positive float or None, got {sm_scale!r}")
@@ -99,9 +96,7 @@ class GroupedQueryAttentionFwdOp(_Attention):
             "dim": dim,
         }
         extras = _constructor_extras(type(self).__name__, dims, sm_scale, softcap)
-        self._setup(
-            {"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune, extras=extras
-        )
+        self._setup({"is_causal": is_causal}, target=target, kernel_map=kernel_map, tune=tune, extras=extras)
 
     def _fetch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         # The square kernel also needs the GPU's arch, which is asked only once the in-tree
@@ -153,14 +148,6 @@ class GroupedQueryAttentionDecodeWithKVCacheFwdOp(_Attention):
     def _fetch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         e = self.extras
         group = e["heads"] // e["heads_kv"]
-        bs1 = (
-            e["batch"] == 1
-            and q.dtype == torch.float16
-            and e["dim"] == 128
-            and not e["softcap"]
-            and 1 <= group <= 64
-        )
+        bs1 = e["batch"] == 1 and q.dtype == torch.float16 and e["dim"] == 128 and not e["softcap"] and 1 <= group <= 64
         role = "gqa_decode_bs1_kernel" if bs1 else "gqa_decode_kernel"
-        return self.get_or_build_kernel(
-            role, (q, k, v), key=(role, q.dtype), build=self._in_tree(role, (q, k, v), **e)
-        )
+        return self.get_or_build_kernel(role, (q, k, v), key=(role, q.dtype), build=self._in_tree(role, (q, k, v), **e))

@@ -42,8 +42,12 @@ def binary(kind: str, dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> Factory:
             raise fail(op, f"alpha must be representable in {dtype_name(dtype)}", f"alpha={alpha!r}")
         check_broadcast(op, "input and other", x, y)
         a = float(alpha)
-        return specialisation(op, (dtype, a), f"{dtype_name(dtype)}" + (f", alpha={alpha}" if kind == "add" else ""),
-                              lambda C, threads, d: C.binary(C.BinaryOp[kind], native_dtype(dtype), a, threads, d))
+        return specialisation(
+            op,
+            (dtype, a),
+            f"{dtype_name(dtype)}" + (f", alpha={alpha}" if kind == "add" else ""),
+            lambda C, threads, d: C.binary(C.BinaryOp[kind], native_dtype(dtype), a, threads, d),
+        )
 
     def factory(op: str) -> Builder:
         if kind == "add":
@@ -62,9 +66,12 @@ def binary(kind: str, dtypes: Sequence[torch.dtype] = ALL_DTYPES) -> Factory:
 
 
 def _unary_kernel(op: str, activation: str, x: Any, inplace: bool) -> Any:
-    return specialisation(op, (x.dtype, activation, inplace), f"{dtype_name(x.dtype)}, inplace={inplace}",
-                          lambda C, threads, d: C.unary(C.Activation[activation], native_dtype(x.dtype), inplace,
-                                                        threads, d))
+    return specialisation(
+        op,
+        (x.dtype, activation, inplace),
+        f"{dtype_name(x.dtype)}, inplace={inplace}",
+        lambda C, threads, d: C.unary(C.Activation[activation], native_dtype(x.dtype), inplace, threads, d),
+    )
 
 
 def activation(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
@@ -103,10 +110,15 @@ def gated(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
         def build(x: Any) -> Any:
             check_inputs(op, dtypes, x=x)
             if len(x.shape) != 2 or x.shape[1] % 2 != 0:
-                raise fail(op, "x must be [M, 2N] ([gate | value], 2-D with an even last dim)",
-                           f"x of shape {shape_of(x)}")
-            return specialisation(op, (x.dtype,), dtype_name(x.dtype),
-                                  lambda C, threads, d: C.gated(C.Activation[kind], native_dtype(x.dtype), threads, d))
+                raise fail(
+                    op, "x must be [M, 2N] ([gate | value], 2-D with an even last dim)", f"x of shape {shape_of(x)}"
+                )
+            return specialisation(
+                op,
+                (x.dtype,),
+                dtype_name(x.dtype),
+                lambda C, threads, d: C.gated(C.Activation[kind], native_dtype(x.dtype), threads, d),
+            )
 
         return build
 
@@ -122,8 +134,12 @@ def clamp(dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
             check_broadcast(op, "input, min and max", input, min, max)
             has_min, has_max = min is not None, max is not None
             describe = f"{dtype_name(dtype)}, min={'tensor' if has_min else None}, max={'tensor' if has_max else None}"
-            return specialisation(op, (dtype, has_min, has_max), describe,
-                                  lambda C, threads, d: C.clamp(native_dtype(dtype), has_min, has_max, threads, d))
+            return specialisation(
+                op,
+                (dtype, has_min, has_max),
+                describe,
+                lambda C, threads, d: C.clamp(native_dtype(dtype), has_min, has_max, threads, d),
+            )
 
         return build
 

@@ -28,8 +28,12 @@ def _normalized(op: str, x: Any, normalized_shape: Sequence[int], **affine: Any)
 
 def _row_norm(op: str, kind: str, x: Any, n: int, eps: float) -> Any:
     eps = float(eps)
-    return specialisation(op, (x.dtype, n, eps), f"{dtype_name(x.dtype)}, hidden={n}, eps={eps}",
-                          lambda C, threads, d: C.row_norm(C.RowNorm[kind], native_dtype(x.dtype), n, eps, threads, d))
+    return specialisation(
+        op,
+        (x.dtype, n, eps),
+        f"{dtype_name(x.dtype)}, hidden={n}, eps={eps}",
+        lambda C, threads, d: C.row_norm(C.RowNorm[kind], native_dtype(x.dtype), n, eps, threads, d),
+    )
 
 
 def rms_norm(dtypes: Sequence[torch.dtype]) -> Factory:
@@ -94,9 +98,11 @@ def group_norm(dtypes: Sequence[torch.dtype]) -> Factory:
         def build(x: Any, weight: Any, bias: Any, *, num_groups: int, eps: float) -> Any:
             check_inputs(op, dtypes, x=x, weight=weight, bias=bias)
             if (weight is None) != (bias is None):
-                raise fail(op, "weight and bias are given together or not at all",
-                           f"weight={'None' if weight is None else 'given'}, "
-                           f"bias={'None' if bias is None else 'given'}")
+                raise fail(
+                    op,
+                    "weight and bias are given together or not at all",
+                    f"weight={'None' if weight is None else 'given'}, bias={'None' if bias is None else 'given'}",
+                )
             if len(x.shape) < 2:
                 raise fail(op, "x must be [N, C, *spatial]", f"x of shape {shape_of(x)}")
             c = int(x.shape[1])
@@ -106,13 +112,18 @@ def group_norm(dtypes: Sequence[torch.dtype]) -> Factory:
             if num_groups <= 0 or c % num_groups != 0:
                 raise fail(op, "channels must split evenly into num_groups", f"C={c}, num_groups={num_groups}")
             if x.shape[0] * (c // num_groups) * math.prod(x.shape[2:]) == 1:
-                raise fail(op, "a group must not hold exactly one value (N * C / num_groups * prod(spatial) != 1)",
-                           f"x of shape {shape_of(x)}, num_groups={num_groups}")
+                raise fail(
+                    op,
+                    "a group must not hold exactly one value (N * C / num_groups * prod(spatial) != 1)",
+                    f"x of shape {shape_of(x)}, num_groups={num_groups}",
+                )
             affine, groups, eps_ = weight is not None, int(num_groups), float(eps)
-            return specialisation(op, (x.dtype, groups, eps_, affine),
-                                  f"{dtype_name(x.dtype)}, groups={groups}, affine={affine}, eps={eps_}",
-                                  lambda C, threads, d: C.group_norm(native_dtype(x.dtype), groups, eps_, affine,
-                                                                     threads, d))
+            return specialisation(
+                op,
+                (x.dtype, groups, eps_, affine),
+                f"{dtype_name(x.dtype)}, groups={groups}, affine={affine}, eps={eps_}",
+                lambda C, threads, d: C.group_norm(native_dtype(x.dtype), groups, eps_, affine, threads, d),
+            )
 
         return build
 

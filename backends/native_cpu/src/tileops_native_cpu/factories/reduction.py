@@ -27,8 +27,9 @@ def reduction(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
             dims = () if dim is None else (dim,) if isinstance(dim, int) else tuple(dim)
             for d in dims:
                 if not -rank <= d < rank:
-                    raise fail(op, f"every dim must lie in [{-rank}, {rank})",
-                               f"dim={dim} for x of shape {shape_of(x)}")
+                    raise fail(
+                        op, f"every dim must lie in [{-rank}, {rank})", f"dim={dim} for x of shape {shape_of(x)}"
+                    )
             if len({d % rank for d in dims}) != len(dims):
                 raise fail(op, "dims must not repeat", f"dim={dim} for x of shape {shape_of(x)}")
             axes = set(range(ndim)) if not dims else {d % rank for d in dims} if ndim else set()
@@ -36,10 +37,12 @@ def reduction(kind: str, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
                 raise fail(op, "amax over an empty axis has no value", f"x of shape {shape_of(x)}, dim={dim}")
             mask = [a in axes for a in range(ndim)]
             keep = bool(keepdim)
-            return specialisation(op, (x.dtype, tuple(mask), keep),
-                                  f"{dtype_name(x.dtype)}, dim={sorted(axes)}, keepdim={keep}",
-                                  lambda C, threads, d: C.reduce(C.ReduceOp[kind], native_dtype(x.dtype), mask, keep,
-                                                                 threads, d))
+            return specialisation(
+                op,
+                (x.dtype, tuple(mask), keep),
+                f"{dtype_name(x.dtype)}, dim={sorted(axes)}, keepdim={keep}",
+                lambda C, threads, d: C.reduce(C.ReduceOp[kind], native_dtype(x.dtype), mask, keep, threads, d),
+            )
 
         return build
 

@@ -29,8 +29,12 @@ def softmax(*, log: bool, dtypes: Sequence[torch.dtype] = FLOATS) -> Factory:
             if not -rank <= axis < rank:
                 raise fail(op, f"dim must lie in [{-rank}, {rank})", f"dim={dim} for x of shape {shape_of(x)}")
             axis %= rank
-            return specialisation(op, (x.dtype, axis), f"{dtype_name(x.dtype)}, dim={axis}",
-                                  lambda C, threads, d: C.softmax(native_dtype(x.dtype), axis, log, threads, d))
+            return specialisation(
+                op,
+                (x.dtype, axis),
+                f"{dtype_name(x.dtype)}, dim={axis}",
+                lambda C, threads, d: C.softmax(native_dtype(x.dtype), axis, log, threads, d),
+            )
 
         return build
 

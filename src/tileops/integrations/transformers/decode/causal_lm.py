@@ -16,8 +16,14 @@ __all__ = ["PLAIN_CAUSAL_LMS", "causal_lm_forward_like"]
 # Causal LMs whose forward is the base model, logits_to_keep's slice and lm_head, and a loss
 # only with labels: a decode step of theirs can be served whole (causal_lm_forward_like).
 # (Gemma 3 caps its logits after the head, Granite scales them; MoE base models do not replay.)
-PLAIN_CAUSAL_LMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-                     "Olmo2ForCausalLM")
+PLAIN_CAUSAL_LMS = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Olmo2ForCausalLM",
+)
 
 
 def causal_lm_forward_like(cls_forward: Any) -> Any:

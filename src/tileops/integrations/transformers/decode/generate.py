@@ -56,8 +56,15 @@ __all__ = ["generate_like", "greedy_search"]
 
 # model_kwargs that generate prepares for a plain causal LM's text prompt (transformers <
 # 5.24 names the cache past_key_values)
-_KNOWN_KWARGS = {"attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep",
-                 "cache_position"}
+_KNOWN_KWARGS = {
+    "attention_mask",
+    "position_ids",
+    "cache",
+    "past_key_values",
+    "use_cache",
+    "logits_to_keep",
+    "cache_position",
+}
 # generate's arguments after which the loop is not ours to run
 # (transformers hands a custom_generate callable none of these: its decoding method reads them)
 _NOT_OURS = ("custom_generate", "streamer", "assistant_model", "synced_gpus", "tokenizer", "assistant_tokenizer")
@@ -85,8 +92,16 @@ def generate_like(cls_generate: Any) -> Any:
     return generate
 
 
-def greedy_search(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
-                  generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any):
+def greedy_search(
+    model: nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    synced_gpus: bool = False,
+    streamer: Any = None,
+    **model_kwargs: Any,
+):
     """A decoding method for transformers' ``generate`` (its ``_sample``'s arguments)."""
     why = _not_served(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
     if why is not None:
@@ -94,13 +109,27 @@ def greedy_search(model: nn.Module, input_ids: torch.LongTensor, logits_processo
         method = getattr(type(model), GENERATION_MODES_MAPPING.get(mode, "/"), None)
         if method is None:
             raise _Elsewhere(why)
-        return method(model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-                      generation_config=generation_config, synced_gpus=synced_gpus, streamer=streamer, **model_kwargs)
+        return method(
+            model,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            synced_gpus=synced_gpus,
+            streamer=streamer,
+            **model_kwargs,
+        )
     return _greedy(model, input_ids, stopping_criteria, generation_config, model_kwargs)
 
 
-def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any, stopping_criteria: Any,
-                generation_config: Any, model_kwargs: dict) -> str | None:
+def _not_served(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    logits_processor: Any,
+    stopping_criteria: Any,
+    generation_config: Any,
+    model_kwargs: dict,
+) -> str | None:
     """Why greedy_search hands the call to transformers, or None where it serves it."""
     if generation_config.get_generation_mode() != GenerationMode.GREEDY_SEARCH:
         return "not a greedy search"
@@ -110,10 +139,14 @@ def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any
         return "stopping criteria other than max_length and end-of-sequence ids"
     if not any(type(c) is MaxLengthCriteria for c in stopping_criteria):
         return "no max_length"
-    if getattr(generation_config, "is_assistant", False) or getattr(generation_config, "prefill_chunk_size", None) is not None:
+    if (
+        getattr(generation_config, "is_assistant", False)
+        or getattr(generation_config, "prefill_chunk_size", None) is not None
+    ):
         return "an assistant's search or chunked prefill"
-    if generation_config.return_dict_in_generate and (generation_config.output_attentions
-                                                      or generation_config.output_hidden_states):
+    if generation_config.return_dict_in_generate and (
+        generation_config.output_attentions or generation_config.output_hidden_states
+    ):
         return "attentions or hidden states per step"
     if any(k not in _KNOWN_KWARGS for k in model_kwargs) or model_kwargs.get("use_cache") is False:
         return "model inputs other than a text prompt's, or no cache"
@@ -125,8 +158,10 @@ def _not_served(model: nn.Module, input_ids: torch.Tensor, logits_processor: Any
         return "end-of-sequence ids without a pad token"
     boundary = _cache_recomputed_at(model)
     if boundary is not None and max(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria) > boundary:
-        return (f"a generation past original_max_position_embeddings={boundary}, where "
-                f"{type(model).__name__}.prepare_inputs_for_generation recomputes the cache")
+        return (
+            f"a generation past original_max_position_embeddings={boundary}, where "
+            f"{type(model).__name__}.prepare_inputs_for_generation recomputes the cache"
+        )
     embed = model.get_input_embeddings()
     if type(embed) is not nn.Embedding or embed._forward_hooks or embed._forward_pre_hooks:
         return "an input embedding other than a plain nn.Embedding"
@@ -153,6 +188,7 @@ def _cache_recomputed_at(model: nn.Module) -> int | None:
 def _loop_helpers_known(cls: type) -> bool:
     """Whether ``cls`` has the helpers of transformers' ``_sample`` that ``_greedy`` calls,
     with the arguments it passes (transformers 5.24's)."""
+
     def takes(name: str, *params: str) -> bool:
         fn = getattr(cls, name, None)
         if fn is None:
@@ -161,19 +197,24 @@ def _loop_helpers_known(cls: type) -> bool:
         passes_on = any(p.kind is p.VAR_KEYWORD for p in signature.values())  # an override handing them on (Phi-3's)
         return all(p in signature or passes_on for p in params)
 
-    return (takes("_prefill", "input_ids", "generation_config", "model_kwargs", "is_first_iteration")
-            and takes("prepare_inputs_for_generation", "next_sequence_length")
-            and takes("_update_model_kwargs_for_generation", "outputs", "model_kwargs", "is_encoder_decoder"))
+    return (
+        takes("_prefill", "input_ids", "generation_config", "model_kwargs", "is_first_iteration")
+        and takes("prepare_inputs_for_generation", "next_sequence_length")
+        and takes("_update_model_kwargs_for_generation", "outputs", "model_kwargs", "is_encoder_decoder")
+    )
 
 
-def _greedy(model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, generation_config: Any,
-            model_kwargs: dict) -> Any:
+def _greedy(
+    model: nn.Module, input_ids: torch.Tensor, stopping_criteria: Any, generation_config: Any, model_kwargs: dict
+) -> Any:
     """transformers' greedy search (``_sample`` with do_sample off), its decode steps after
     the first replayed from C++."""
     max_length = next(c.max_length for c in stopping_criteria if type(c) is MaxLengthCriteria)
     eos = sorted({int(i) for c in stopping_criteria if type(c) is EosTokenCriteria for i in c.eos_token_id.flatten()})
     pad = int(generation_config._pad_token_tensor) if eos else -1
-    keep = generation_config.return_dict_in_generate and (generation_config.output_logits or generation_config.output_scores)
+    keep = generation_config.return_dict_in_generate and (
+        generation_config.output_logits or generation_config.output_scores
+    )
     kept: list[torch.Tensor] = []  # each step's float32 logits [B, V], where they are asked for
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long)
     st = model._tileops
@@ -213,13 +254,27 @@ def _result(input_ids: torch.Tensor, kept: list[torch.Tensor], generation_config
         return input_ids
     steps = tuple(kept)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    return GenerateDecoderOnlyOutput(sequences=input_ids, scores=steps if generation_config.output_scores else None,
-                                     logits=steps if generation_config.output_logits else None, attentions=None,
-                                     hidden_states=None, **{_CACHE_FIELD: cache})
+    return GenerateDecoderOnlyOutput(
+        sequences=input_ids,
+        scores=steps if generation_config.output_scores else None,
+        logits=steps if generation_config.output_logits else None,
+        attentions=None,
+        hidden_states=None,
+        **{_CACHE_FIELD: cache},
+    )
 
 
-def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Tensor, unfinished: torch.Tensor,
-                 steps: int, eos: list[int], pad: int, kept: list[torch.Tensor] | None = None) -> torch.Tensor | None:
+def _replay_rest(
+    model: nn.Module,
+    st: Any,
+    cache: TileopsCache,
+    last: torch.Tensor,
+    unfinished: torch.Tensor,
+    steps: int,
+    eos: list[int],
+    pad: int,
+    kept: list[torch.Tensor] | None = None,
+) -> torch.Tensor | None:
     """The tokens of the remaining ``steps`` decode steps (fewer where every sequence
     finished), replayed from C++ on the graph that the step just run captured or replayed;
     None where that step did not run through such a graph, or the steps would pass the
@@ -235,9 +290,21 @@ def _replay_rest(model: nn.Module, st: Any, cache: TileopsCache, last: torch.Ten
         return None
     tokens = torch.empty(last.shape[0], steps, dtype=torch.long)
     logits = None if kept is None else torch.empty(steps, *rec.output.shape, dtype=torch.float32)
-    ran = decode_greedy(rec.graph, steps, logits=rec.output, table=model.get_input_embeddings().weight, rows=rows,
-                        positions=positions, lengths=step.cache_seqlens, last=last.contiguous(), tokens=tokens,
-                        unfinished=unfinished, eos=eos, pad=pad, kept_logits=logits)
+    ran = decode_greedy(
+        rec.graph,
+        steps,
+        logits=rec.output,
+        table=model.get_input_embeddings().weight,
+        rows=rows,
+        positions=positions,
+        lengths=step.cache_seqlens,
+        last=last.contiguous(),
+        tokens=tokens,
+        unfinished=unfinished,
+        eos=eos,
+        pad=pad,
+        kept_logits=logits,
+    )
     if kept is not None:
         kept.extend(logits[:ran].unbind(0))
     cache.replayed(ran)

@@ -64,9 +64,15 @@ def replay_wanted() -> bool:
 class Recording:
     """One thread's captured decode step and what it reads and writes."""
 
-    def __init__(self, graph: Graph, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor, key: tuple,
-                 cache: Any) -> None:
-        self.graph, self.inputs, self.output, self.key = graph, inputs, output, key  # inputs: (embeddings rows, positions)
+    def __init__(
+        self, graph: Graph, inputs: tuple[torch.Tensor, torch.Tensor], output: torch.Tensor, key: tuple, cache: Any
+    ) -> None:
+        self.graph, self.inputs, self.output, self.key = (
+            graph,
+            inputs,
+            output,
+            key,
+        )  # inputs: (embeddings rows, positions)
         self.cache = weakref.ref(cache, self._cache_gone)  # the graph holds its pools: let them go with it
 
     def serves(self, cache: Any, key: tuple) -> bool:
@@ -107,17 +113,31 @@ class DecodeReplay:
             return None
         return rec if rec.key[2] is step.block_table and rec.key[3] is step.cache_seqlens else None
 
-    def step(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
-             head: nn.Linear | None = None) -> torch.Tensor:
+    def step(
+        self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int, head: nn.Linear | None = None
+    ) -> torch.Tensor:
         """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
         with ``head`` (the causal LM's served output projection, ``planning/enable.py``), its logits
         ``[B, vocab]``, the head's GEMM captured with the layers."""
         self._local.last = None  # until this step runs through a graph
-        if batch in self.refused or not isinstance(cache, TileopsCache) or cache.paged is None or rows.device.type != "cpu":
+        if (
+            batch in self.refused
+            or not isinstance(cache, TileopsCache)
+            or cache.paged is None
+            or rows.device.type != "cpu"
+        ):
             return self._forward(rows.contiguous(), pos, masks, cache, batch, head)
         step = cache.begin_forward(batch, 1, masks[0])
-        key = (cache.paged, cache.paged.num_pages, step.block_table, step.cache_seqlens, step.cu_seqlens_q, rows.dtype,
-               batch, head)
+        key = (
+            cache.paged,
+            cache.paged.num_pages,
+            step.block_table,
+            step.cache_seqlens,
+            step.cu_seqlens_q,
+            rows.dtype,
+            batch,
+            head,
+        )
         recordings = self._recordings()
         mine = recordings.get(head is not None)
         if mine is not None and mine.serves(cache, key):
@@ -138,13 +158,22 @@ class DecodeReplay:
             self._local.recordings = {}
         return self._local.recordings
 
-    def _forward(self, rows: torch.Tensor, pos: torch.Tensor, masks: list, cache: Any, batch: int,
-                 head: nn.Linear | None) -> torch.Tensor:
+    def _forward(
+        self, rows: torch.Tensor, pos: torch.Tensor, masks: list, cache: Any, batch: int, head: nn.Linear | None
+    ) -> torch.Tensor:
         x = self.fused.layers_forward(rows, pos, masks, cache, batch, 1)
         return x if head is None else linear_rows(head, x)
 
-    def _record(self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int,
-                key: tuple, head: nn.Linear | None) -> torch.Tensor:
+    def _record(
+        self,
+        cache: Any,
+        rows: torch.Tensor,
+        pos: torch.Tensor,
+        masks: list,
+        batch: int,
+        key: tuple,
+        head: nn.Linear | None,
+    ) -> torch.Tensor:
         recordings = self._recordings()
         old = recordings.pop(head is not None, None)  # the old graph's tensors go now, not after this one is made
         if self.recording is old:

@@ -18,8 +18,16 @@ from ..attention import attend
 from ..cache import TileopsCache
 from .fusion import norm_weight
 
-__all__ = ["linear_forward", "linear_rows", "rmsnorm_forward", "mlp_forward", "mlp_rows", "attention_forward",
-           "attention_rows", "positions_of"]
+__all__ = [
+    "linear_forward",
+    "linear_rows",
+    "rmsnorm_forward",
+    "mlp_forward",
+    "mlp_rows",
+    "attention_forward",
+    "attention_rows",
+    "positions_of",
+]
 
 
 def linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -43,8 +51,11 @@ def mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if getattr(st, "gate_up", None) is not None:  # one GEMM over the stacked weights (fused/fusion.py)
         gate_up = st.gate_up(x2.contiguous())
     else:
-        gate_up = self.gate_up_proj(x2) if hasattr(self, "gate_up_proj") else (
-            torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1))  # [M, 2I]: gate | value
+        gate_up = (
+            self.gate_up_proj(x2)
+            if hasattr(self, "gate_up_proj")
+            else (torch.cat([self.gate_proj(x2), self.up_proj(x2)], dim=-1))
+        )  # [M, 2I]: gate | value
     return self.down_proj(st.act(gate_up)).view(*x.shape[:-1], -1)
 
 
@@ -54,9 +65,16 @@ def mlp_rows(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return linear_rows(self.down_proj, st.act(st.gate_up(x)))
 
 
-def attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
-                      attention_mask: Any = None, cache: Any = None, past_key_values: Any = None,
-                      position_ids: torch.Tensor | None = None, **kwargs: Any):
+def attention_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: Any = None,
+    attention_mask: Any = None,
+    cache: Any = None,
+    past_key_values: Any = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs: Any,
+):
     cache = cache if cache is not None else past_key_values
     batch, q_len, _ = hidden_states.shape
     pos = positions_of(self, position_ids, batch, q_len)
@@ -71,13 +89,15 @@ def positions_of(self: nn.Module, position_ids: torch.Tensor | None, batch: int,
     if position_ids is None:
         raise ValueError(f"{st.name}: tileops RoPE needs position_ids (transformers' decoder layers pass them)")
     pos = position_ids.expand(batch, q_len).reshape(-1)
-    st.positions.check(position_ids, pos, st.name,
-                       " (dynamic NTK scaling past it is not served)" if st.rope_type == "dynamic" else "")
+    st.positions.check(
+        position_ids, pos, st.name, " (dynamic NTK scaling past it is not served)" if st.rope_type == "dynamic" else ""
+    )
     return pos
 
 
-def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos: torch.Tensor, attention_mask: Any,
-                   cache: Any) -> torch.Tensor:
+def attention_rows(
+    self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos: torch.Tensor, attention_mask: Any, cache: Any
+) -> torch.Tensor:
     """A served attention module up to its output projection: x ``[B * S, hidden]`` (the
     batch's tokens, row b * S + s) -> the heads' outputs ``[B * S, H * D]``."""
     st = self._tileops
@@ -105,6 +125,16 @@ def attention_rows(self: nn.Module, x: torch.Tensor, batch: int, q_len: int, pos
         q, k = self.q_norm(q), self.k_norm(k)
     q, k = st.rope(q, pos), st.rope(k, pos)
     split = lambda t: t.view(batch, q_len, t.shape[1], dim)  # noqa: E731  (rows b * S + s: always a view)
-    out = attend(self, split(q), split(k), split(v), attention_mask, cache, scaling=st.scaling,
-                 sliding_window=st.window, softcap=st.softcap, position_ids=pos.view(batch, q_len))
+    out = attend(
+        self,
+        split(q),
+        split(k),
+        split(v),
+        attention_mask,
+        cache,
+        scaling=st.scaling,
+        sliding_window=st.window,
+        softcap=st.softcap,
+        position_ids=pos.view(batch, q_len),
+    )
     return out.view(rows, -1)

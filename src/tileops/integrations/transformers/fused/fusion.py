@@ -26,8 +26,17 @@ from torch import nn
 
 from tileops.serving.host_memory import on_huge_pages
 
-__all__ = ["StackedLinear", "ResidualJoin", "apply_fusions", "undo_fusions", "stacked_members", "stacks",
-           "norm_weight", "norm_eps", "layer_forward"]
+__all__ = [
+    "StackedLinear",
+    "ResidualJoin",
+    "apply_fusions",
+    "undo_fusions",
+    "stacked_members",
+    "stacks",
+    "norm_weight",
+    "norm_eps",
+    "layer_forward",
+]
 
 
 class StackedLinear:
@@ -76,8 +85,8 @@ class StackedLinear:
     def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
         outs, start = [], 0
         for n in self.sizes:
-            y = self.gemm(x, self.weight[start:start + n])
-            outs.append(y if self.bias is None else self.add(y, self.bias[start:start + n]))
+            y = self.gemm(x, self.weight[start : start + n])
+            outs.append(y if self.bias is None else self.add(y, self.bias[start : start + n]))
             start += n
         return outs
 

@@ -49,17 +49,33 @@ from .fusion import ResidualJoin
 __all__ = ["FusedModel", "output_class", "plan_fused_model"]
 
 _FLAGS = ("output_attentions", "output_hidden_states", "output_router_logits")
-_KNOWN = {"input_ids", "attention_mask", "position_ids", "inputs_embeds", "use_cache", "return_dict",
-          "cache_position", *_FLAGS}
+_KNOWN = {
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "inputs_embeds",
+    "use_cache",
+    "return_dict",
+    "cache_position",
+    *_FLAGS,
+}
 
 
 class FusedModel:
     """The fused forward of one base model (``model.model``)."""
 
-    def __init__(self, base: nn.Module, layers: list[nn.Module], joins: list[ResidualJoin], gated: list[bool],
-                 layer_types: list[str] | None) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        layers: list[nn.Module],
+        joins: list[ResidualJoin],
+        gated: list[bool],
+        layer_types: list[str] | None,
+    ) -> None:
         self.base, self.layers, self.gated, self.layer_types = base, layers, gated, layer_types
-        self.joins = joins  # per layer: its output's residual add and the norm that reads it (the next layer's or the final)
+        self.joins = (
+            joins  # per layer: its output's residual add and the norm that reads it (the next layer's or the final)
+        )
         self.embedding_multiplier = float(getattr(base, "embedding_multiplier", 1.0))  # Granite's
         self.output = output_class(base)
         self.cache_field = cache_field(self.output)
@@ -110,18 +126,36 @@ class FusedModel:
         cache = pop_cache(kw)
         keep = kw.pop("logits_to_keep", 0)  # any int keeps the one position of a decode step
         ids = kw.get("input_ids")
-        if (self.replay is None or not isinstance(cache, TileopsCache) or cache.paged is None or ids is None
-                or ids.ndim != 2 or ids.shape[1] != 1 or kw.get("inputs_embeds") is not None
-                or type(keep) is not int or kw.pop("labels", None) is not None or kw.get("use_cache") is False
-                or kw.pop("return_dict", None) is False or head._forward_hooks or head._forward_pre_hooks
-                or not self.accepts(kw)):
+        if (
+            self.replay is None
+            or not isinstance(cache, TileopsCache)
+            or cache.paged is None
+            or ids is None
+            or ids.ndim != 2
+            or ids.shape[1] != 1
+            or kw.get("inputs_embeds") is not None
+            or type(keep) is not int
+            or kw.pop("labels", None) is not None
+            or kw.get("use_cache") is False
+            or kw.pop("return_dict", None) is False
+            or head._forward_hooks
+            or head._forward_pre_hooks
+            or not self.accepts(kw)
+        ):
             return None
         rows, pos, masks, batch, _ = self._inputs(cache, **kw)
         return self.replay.step(cache, rows, pos, masks, batch, head).view(batch, 1, -1), cache
 
-    def _inputs(self, cache: Any, input_ids: torch.Tensor | None = None, attention_mask: Any = None,
-                position_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                cache_position: torch.Tensor | None = None, **_flags: Any):
+    def _inputs(
+        self,
+        cache: Any,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: Any = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        cache_position: torch.Tensor | None = None,
+        **_flags: Any,
+    ):
         """(rows ``[B * S, hidden]`` of the embeddings, positions ``[B * S]``, each layer's
         padding mask, B, S)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -142,8 +176,15 @@ class FusedModel:
         pos = positions_of(attn, position_ids, batch, q_len)  # one check for all layers
         return h.reshape(batch * q_len, -1), pos, masks, batch, q_len
 
-    def layers_forward(self, residual: torch.Tensor, pos: torch.Tensor, masks: list[torch.Tensor | None], cache: Any,
-                       batch: int, q_len: int) -> torch.Tensor:
+    def layers_forward(
+        self,
+        residual: torch.Tensor,
+        pos: torch.Tensor,
+        masks: list[torch.Tensor | None],
+        cache: Any,
+        batch: int,
+        q_len: int,
+    ) -> torch.Tensor:
         """The decoder layers and the final norm on the embeddings as rows ``[B * S, hidden]``."""
         first = self.layers[0]._tileops.before_attention
         x = residual if first is None else rmsnorm_forward(first, residual)
@@ -182,8 +223,10 @@ def plan_fused_model(base: nn.Module, ops: Any, target: str | None, fused_layers
     gated = []  # per layer: a gated MLP over stacked gate/up (else a sparse MoE block fusion.py found served)
     for layer in layers:  # the pieces the loop calls in their rows forms
         mlp = layer.mlp
-        gated.append(_served(getattr(mlp, "down_proj", None))
-                     and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None)
+        gated.append(
+            _served(getattr(mlp, "down_proj", None))
+            and getattr(getattr(mlp, "_tileops", None), "gate_up", None) is not None
+        )
         if not _served(layer.self_attn.o_proj) or not gated[-1] and "_tileops" in mlp.__dict__:
             return None
     joins = []

@@ -42,16 +42,38 @@ def plan_attention(model: nn.Module, config: Any, plan: Plan) -> None:
         # does ours; tileops_attention honours softcap= for a caller that passes one.
         softcap = None
         # q/k norms per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
-        qk_norm = None if not hasattr(module, "q_norm") else (
-            "head" if module.q_norm.weight.numel() == module.head_dim else "projection")
-        staged.append((module, AttentionState(
-            name, rope=rope, window=window, softcap=softcap, scaling=module.scaling * gain * gain, qk_norm=qk_norm,
-            rope_gain=gain, positions=positions, rope_type=rope_params(config, module).get("rope_type", "default"),
-            prefill=OpMemo(ops.GroupedQueryAttentionPrefillFwdOp, lambda mq, mk, s, c, w: (
-                ops.GroupedQueryAttentionPrefillFwdOp(mq, mk, True, s, c, w, -1, target=plan.target))),
-            paged=OpMemo(ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp, lambda width, mq, s, c, w: (
-                ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(width, PAGE_SIZE, mq, True, s, c, w,
-                                                                      target=plan.target))),
-        )))
+        qk_norm = (
+            None
+            if not hasattr(module, "q_norm")
+            else ("head" if module.q_norm.weight.numel() == module.head_dim else "projection")
+        )
+        staged.append(
+            (
+                module,
+                AttentionState(
+                    name,
+                    rope=rope,
+                    window=window,
+                    softcap=softcap,
+                    scaling=module.scaling * gain * gain,
+                    qk_norm=qk_norm,
+                    rope_gain=gain,
+                    positions=positions,
+                    rope_type=rope_params(config, module).get("rope_type", "default"),
+                    prefill=OpMemo(
+                        ops.GroupedQueryAttentionPrefillFwdOp,
+                        lambda mq, mk, s, c, w: ops.GroupedQueryAttentionPrefillFwdOp(
+                            mq, mk, True, s, c, w, -1, target=plan.target
+                        ),
+                    ),
+                    paged=OpMemo(
+                        ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp,
+                        lambda width, mq, s, c, w: ops.GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp(
+                            width, PAGE_SIZE, mq, True, s, c, w, target=plan.target
+                        ),
+                    ),
+                ),
+            )
+        )
     for module, state in staged:
         plan.add("attention", module, forwards.attention_forward, state)

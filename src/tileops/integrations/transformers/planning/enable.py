@@ -52,11 +52,15 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         if patch.forward is not None:  # the experts keep their forward: it dispatches through ExpertsInterface
             patch.module.forward = types.MethodType(patch.forward, patch.module)
     fusion.apply_fusions(model)
-    saved: dict[str, Any] = {"attn": model.config._attn_implementation, "experts": [],
-                             "placed": placement.place_weights(model, plan.patches)}
+    saved: dict[str, Any] = {
+        "attn": model.config._attn_implementation,
+        "experts": [],
+        "placed": placement.place_weights(model, plan.patches),
+    }
     if huge_pages_available():
-        weights = [p.data for p in saved["placed"]] + [s.weight for s in fusion.stacks(model)
-                                                       if s.weight.device.type == "cpu"]
+        weights = [p.data for p in saved["placed"]] + [
+            s.weight for s in fusion.stacks(model) if s.weight.device.type == "cpu"
+        ]
         plan.report.huge_page_bytes = sum(w.numel() * w.element_size() for w in weights)
     experts_configs = {id(p.module.config): p.module.config for p in plan.served("moe experts")}
     for config in experts_configs.values():  # the experts dispatch on their config's experts implementation
@@ -77,21 +81,37 @@ def _serve_the_model_forward(model: nn.Module, plan: Plan, target: str | None, s
     fused = plan_fused_model(base, plan.ops, target, fused_layers)
     if fused is not None:
         plan.report.replaced["model forward"] = [type(base).__name__]
-        plan.report.on_torch = [(m, f, "torch adds the residual after the MLP only where a call runs transformers' "
-                                 "forward (hooks, output_hidden_states, ...)" if f == "residual adds" else why)
-                                for m, f, why in plan.report.on_torch]
-    base._tileops = BaseModelState("base model", forward=base.forward, cache_kw=cache_kwarg(base.forward), fused=fused,
-                                   positions=plan.positions)
+        plan.report.on_torch = [
+            (
+                m,
+                f,
+                "torch adds the residual after the MLP only where a call runs transformers' "
+                "forward (hooks, output_hidden_states, ...)"
+                if f == "residual adds"
+                else why,
+            )
+            for m, f, why in plan.report.on_torch
+        ]
+    base._tileops = BaseModelState(
+        "base model", forward=base.forward, cache_kw=cache_kwarg(base.forward), fused=fused, positions=plan.positions
+    )
     base.forward = types.MethodType(base_model_forward, base)
     saved["base"] = base
     head = getattr(model, "lm_head", None)
-    if (fused is None or fused.replay is None or type(model).__name__ not in PLAIN_CAUSAL_LMS
-            or base is not getattr(model, "model", None) or head is None or "_tileops" not in head.__dict__):
+    if (
+        fused is None
+        or fused.replay is None
+        or type(model).__name__ not in PLAIN_CAUSAL_LMS
+        or base is not getattr(model, "model", None)
+        or head is None
+        or "_tileops" not in head.__dict__
+    ):
         return
     plan.report.replaced["causal LM decode step"] = [type(model).__name__]
     output = output_class(model, CausalLMOutputWithPast)
-    model._tileops = CausalLMState("causal LM", forward=model.forward, fused=fused, head=head, output=output,
-                                   cache_field=cache_field(output))
+    model._tileops = CausalLMState(
+        "causal LM", forward=model.forward, fused=fused, head=head, output=output, cache_field=cache_field(output)
+    )
     model.forward = types.MethodType(causal_lm_forward_like(type(model).forward), model)
     if "custom_generate" in inspect.signature(type(model).generate).parameters:  # the hook decode/generate.py takes
         plan.report.replaced["greedy search loop"] = [type(model).__name__]

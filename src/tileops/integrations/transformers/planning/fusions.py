@@ -31,8 +31,9 @@ _LAYOUTS = {
     # Llama, Mistral, Qwen2/3, Phi-3, Mixtral, Qwen2-MoE, Granite: a norm before each block
     "pre-norm": LayerNorms("input_layernorm", None, "post_attention_layernorm", None),
     # Gemma 3: a norm before and after each block
-    "sandwich": LayerNorms("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                           "post_feedforward_layernorm"),
+    "sandwich": LayerNorms(
+        "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"
+    ),
     # OLMo 2: a norm after each block only (its post_attention_layernorm normalises the
     # attention's output, not the residual stream as Llama's does)
     "post-norm": LayerNorms(None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
@@ -44,9 +45,13 @@ def _stackable(linears: list[Any], served: dict[int, str]) -> bool:
     if not all(type(m) is nn.Linear and served.get(id(m)) == "linear" for m in linears):
         return False
     first = linears[0].weight
-    return all(m.weight.dtype == first.dtype and m.weight.device == first.device
-               and m.in_features == linears[0].in_features and (m.bias is None) == (linears[0].bias is None)
-               for m in linears)
+    return all(
+        m.weight.dtype == first.dtype
+        and m.weight.device == first.device
+        and m.in_features == linears[0].in_features
+        and (m.bias is None) == (linears[0].bias is None)
+        for m in linears
+    )
 
 
 def plan_fusions(model: nn.Module, plan: Plan, target: str | None) -> None:
@@ -58,27 +63,56 @@ def plan_fusions(model: nn.Module, plan: Plan, target: str | None) -> None:
     for name, module in model.named_modules():
         kind, state = states.get(id(module), (None, None))
         if kind == "attention":
-            state.qkv = _stacked(module, ("q_proj", "k_proj", "v_proj"), "qkv_proj", _qkv_sizes, served, gemm, ops, target)
+            state.qkv = _stacked(
+                module, ("q_proj", "k_proj", "v_proj"), "qkv_proj", _qkv_sizes, served, gemm, ops, target
+            )
             if state.qkv is not None and state.qkv.owned:
                 plan.report.replaced.setdefault("stacked projections", []).append(f"{name}.q_proj/k_proj/v_proj")
         elif kind == "mlp":
-            state.gate_up = _stacked(module, ("gate_proj", "up_proj"), "gate_up_proj",
-                                     lambda m: [m.gate_up_proj.out_features // 2] * 2, served, gemm, ops, target)
+            state.gate_up = _stacked(
+                module,
+                ("gate_proj", "up_proj"),
+                "gate_up_proj",
+                lambda m: [m.gate_up_proj.out_features // 2] * 2,
+                served,
+                gemm,
+                ops,
+                target,
+            )
             if state.gate_up is not None and state.gate_up.owned:
                 plan.report.replaced.setdefault("stacked projections", []).append(f"{name}.gate_proj/up_proj")
         layout = _layout(module, served)
         if layout is not None:
-            norms = {role: None if attr is None else getattr(module, attr) for role, attr in vars(_LAYOUTS[layout]).items()}
+            norms = {
+                role: None if attr is None else getattr(module, attr) for role, attr in vars(_LAYOUTS[layout]).items()
+            }
             scale = float(getattr(module, "residual_multiplier", 1.0))  # Granite's
-            plan.add("decoder layer", module, layer_forward, LayerState(
-                name, **norms, scale=scale, mid=ResidualJoin(norms["before_mlp"], scale, ops, target),
-                # the scaled add that ends the layer: the op the fused model's join uses
-                scaled_add=None if scale == 1.0 else ops.AddFwdOp(alpha=scale, target=target),
-                signature=inspect.signature(type(module).forward)))
+            plan.add(
+                "decoder layer",
+                module,
+                layer_forward,
+                LayerState(
+                    name,
+                    **norms,
+                    scale=scale,
+                    mid=ResidualJoin(norms["before_mlp"], scale, ops, target),
+                    # the scaled add that ends the layer: the op the fused model's join uses
+                    scaled_add=None if scale == 1.0 else ops.AddFwdOp(alpha=scale, target=target),
+                    signature=inspect.signature(type(module).forward),
+                ),
+            )
 
 
-def _stacked(module: nn.Module, apart: tuple[str, ...], together: str, sizes: Any, served: dict[int, str], gemm: Any,
-             ops: Any, target: str | None) -> StackedLinear | None:
+def _stacked(
+    module: nn.Module,
+    apart: tuple[str, ...],
+    together: str,
+    sizes: Any,
+    served: dict[int, str],
+    gemm: Any,
+    ops: Any,
+    target: str | None,
+) -> StackedLinear | None:
     """The projections ``apart`` of ``module`` stacked, or its one projection ``together``
     that the checkpoint stacks already (with ``sizes(module)``), where served; else None."""
     stacked = getattr(module, together, None)
@@ -116,5 +150,7 @@ def _mlp_served(mlp: nn.Module | None, served: dict[int, str]) -> bool:
     serves (the block's own forward only routes between them)."""
     if served.get(id(mlp)) == "mlp":
         return True
-    return (served.get(id(getattr(mlp, "gate", None))) == "moe router"
-            and served.get(id(getattr(mlp, "experts", None))) == "moe experts")
+    return (
+        served.get(id(getattr(mlp, "gate", None))) == "moe router"
+        and served.get(id(getattr(mlp, "experts", None))) == "moe experts"
+    )

@@ -37,9 +37,17 @@ SUPPORTED_ARCHITECTURES = (
 )
 _GATED_ACTS = {"silu": "SiluAndMulFwdOp", "gelu_pytorch_tanh": "GeluTanhAndMulFwdOp"}
 _RMSNORMS = {  # class name -> the weight is used as w (False) or as 1 + w (True)
-    "LlamaRMSNorm": False, "MistralRMSNorm": False, "Qwen2RMSNorm": False, "Qwen3RMSNorm": False,
-    "Qwen3MoeRMSNorm": False, "Gemma3RMSNorm": True, "Phi3RMSNorm": False, "MixtralRMSNorm": False,
-    "Qwen2MoeRMSNorm": False, "GraniteRMSNorm": False, "Olmo2RMSNorm": False,
+    "LlamaRMSNorm": False,
+    "MistralRMSNorm": False,
+    "Qwen2RMSNorm": False,
+    "Qwen3RMSNorm": False,
+    "Qwen3MoeRMSNorm": False,
+    "Gemma3RMSNorm": True,
+    "Phi3RMSNorm": False,
+    "MixtralRMSNorm": False,
+    "Qwen2MoeRMSNorm": False,
+    "GraniteRMSNorm": False,
+    "Olmo2RMSNorm": False,
 }
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -50,17 +58,23 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
     arch = type(model).__name__
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
-            f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+            f"tileops cannot serve {arch}: architecture (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     if model.training:
-        raise UnsupportedModelError(f"tileops cannot serve {arch} in training mode: it is inference only (model.eval())")
+        raise UnsupportedModelError(
+            f"tileops cannot serve {arch} in training mode: it is inference only (model.eval())"
+        )
     dtype = next(model.parameters()).dtype
     if dtype not in _HALF:
         raise UnsupportedModelError(
             f"tileops cannot serve {arch} in {dtype}: tileops' GEMM and attention kernels serve float16 and bfloat16; "
             "load the model with torch_dtype=torch.bfloat16 (dtype= in transformers 5), or call "
-            "model.to(torch.bfloat16)")
+            "model.to(torch.bfloat16)"
+        )
     if getattr(model, "_tileops_enabled", False):
-        raise UnsupportedModelError(f"{arch} is already enabled (tileops.integrations.transformers.disable(model) first)")
+        raise UnsupportedModelError(
+            f"{arch} is already enabled (tileops.integrations.transformers.disable(model) first)"
+        )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     ops = plan.ops
 
@@ -74,29 +88,62 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
             if module.weight.dtype not in _HALF:
                 plan.refuse(name, "Linear", f"weight dtype {module.weight.dtype}")
                 continue
-            plan.add("linear", module, forwards.linear_forward, LinearState(
-                name, gemm=ops.GemmFwdOp(False, True, target=target), add=ops.AddFwdOp(target=target),
-                has_bias=module.bias is not None))
+            plan.add(
+                "linear",
+                module,
+                forwards.linear_forward,
+                LinearState(
+                    name,
+                    gemm=ops.GemmFwdOp(False, True, target=target),
+                    add=ops.AddFwdOp(target=target),
+                    has_bias=module.bias is not None,
+                ),
+            )
         elif cls.endswith("RMSNorm"):
             if cls not in _RMSNORMS:
                 plan.refuse(name, f"{cls}", "an RMSNorm class whose weight convention tileops does not know")
                 continue
             weight = (1.0 + module.weight.float()).to(module.weight.dtype) if _RMSNORMS[cls] else None
-            plan.add("rmsnorm", module, forwards.rmsnorm_forward, NormState(
-                name, norm=ops.RMSNormFwdOp((module.weight.shape[0],), norm_eps(module), target=target), weight=weight))
-        elif cls.endswith("MLP") and hasattr(module, "down_proj") and (
-                all(hasattr(module, p) for p in ("gate_proj", "up_proj")) or hasattr(module, "gate_up_proj")):
+            plan.add(
+                "rmsnorm",
+                module,
+                forwards.rmsnorm_forward,
+                NormState(
+                    name,
+                    norm=ops.RMSNormFwdOp((module.weight.shape[0],), norm_eps(module), target=target),
+                    weight=weight,
+                ),
+            )
+        elif (
+            cls.endswith("MLP")
+            and hasattr(module, "down_proj")
+            and (all(hasattr(module, p) for p in ("gate_proj", "up_proj")) or hasattr(module, "gate_up_proj"))
+        ):
             if act_name not in _GATED_ACTS:
                 plan.refuse(name, "gated MLP", f"config hidden_act={act_name!r} (served: {', '.join(_GATED_ACTS)})")
                 continue
-            plan.add("mlp", module, forwards.mlp_forward, MlpState(name, act=getattr(ops, _GATED_ACTS[act_name])(target=target)))
-    for attr, where, what in (("embedding_multiplier", "embed_tokens", "its output times"),
-                              ("logits_scaling", "lm_head", "its logits divided by")):  # Granite's
+            plan.add(
+                "mlp",
+                module,
+                forwards.mlp_forward,
+                MlpState(name, act=getattr(ops, _GATED_ACTS[act_name])(target=target)),
+            )
+    for attr, where, what in (
+        ("embedding_multiplier", "embed_tokens", "its output times"),
+        ("logits_scaling", "lm_head", "its logits divided by"),
+    ):  # Granite's
         if float(getattr(config, attr, 1.0) or 1.0) != 1.0:
             plan.report.on_torch.append((where, attr.replace("_", " "), f"{what} {getattr(config, attr)}, in torch"))
     if getattr(config, "final_logit_softcapping", None):
-        plan.report.on_torch.append(("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)"))
+        plan.report.on_torch.append(
+            ("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)")
+        )
     plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
-    plan.report.on_torch.append(("decoder layers", "residual adds", "torch adds, but for the one after attention "
-                                 "in a fused decoder layer (FusedAddRMSNormFwdOp)"))
+    plan.report.on_torch.append(
+        (
+            "decoder layers",
+            "residual adds",
+            "torch adds, but for the one after attention in a fused decoder layer (FusedAddRMSNormFwdOp)",
+        )
+    )
     return plan

@@ -72,34 +72,73 @@ def plan_moe(model: nn.Module, config: Any, plan: Plan) -> None:
         renormalize = rule.always_renormalize or bool(router.norm_topk_prob)
         act = _ACTS[config.hidden_act]
         if _BLOCKS[cls]:
-            plan.report.on_torch.append((name, "the shared expert's sigmoid gate and weighted add",
-                                         "torch (the shared expert and its gate's projection run on tileops)"))
-        plan.add("moe router", router, router_forward, RouterState(
-                 f"{name}.gate", renormalize=renormalize, weights_in_logits_dtype=rule.weights_in_logits_dtype,
-                 gemm=ops.GemmFwdOp(False, True, target=target),
-                 topk=ops.FusedTopKOp(num_experts=num_experts, top_k=top_k, scoring_func="softmax",
-                                      renormalize=renormalize, target=target)))
-        plan.add("moe experts", experts, None, ExpertsState(
-            f"{name}.experts", num_experts=num_experts,
-            moe=OpMemo(ops.FusedMoeFwdOp, lambda tokens, e=num_experts, k=top_k, h=hidden, f=ffn, a=act: (
-                ops.FusedMoeFwdOp(tokens, e, k, h, f, "sigmoid", False, 1.0, activation=a, target=target)))))
+            plan.report.on_torch.append(
+                (
+                    name,
+                    "the shared expert's sigmoid gate and weighted add",
+                    "torch (the shared expert and its gate's projection run on tileops)",
+                )
+            )
+        plan.add(
+            "moe router",
+            router,
+            router_forward,
+            RouterState(
+                f"{name}.gate",
+                renormalize=renormalize,
+                weights_in_logits_dtype=rule.weights_in_logits_dtype,
+                gemm=ops.GemmFwdOp(False, True, target=target),
+                topk=ops.FusedTopKOp(
+                    num_experts=num_experts, top_k=top_k, scoring_func="softmax", renormalize=renormalize, target=target
+                ),
+            ),
+        )
+        plan.add(
+            "moe experts",
+            experts,
+            None,
+            ExpertsState(
+                f"{name}.experts",
+                num_experts=num_experts,
+                moe=OpMemo(
+                    ops.FusedMoeFwdOp,
+                    lambda tokens, e=num_experts, k=top_k, h=hidden, f=ffn, a=act: ops.FusedMoeFwdOp(
+                        tokens, e, k, h, f, "sigmoid", False, 1.0, activation=a, target=target
+                    ),
+                ),
+            ),
+        )
     if plan.report.count("moe router"):
-        plan.report.on_torch.append((
-            "MoE routers", "a tie at the k-th place",
-            "a token whose k-th logit equals a left-out expert's is ranked by torch.topk, as transformers ranks it"))
+        plan.report.on_torch.append(
+            (
+                "MoE routers",
+                "a tie at the k-th place",
+                "a token whose k-th logit equals a left-out expert's is ranked by torch.topk, as transformers ranks it",
+            )
+        )
 
 
 def _experts_unserved(experts: nn.Module, config: Any) -> str | None:
     """Why an experts module cannot run as FusedMoeFwdOp, or None."""
     if ExpertsInterface is None or not hasattr(experts, "has_gate"):
-        return (f"{type(experts).__name__} does not dispatch through transformers' ExpertsInterface "
-                f"(transformers {transformers.__version__})")
-    layout = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True,
-              "has_post_expert_norm": False, "_is_expert_parallel": False}
+        return (
+            f"{type(experts).__name__} does not dispatch through transformers' ExpertsInterface "
+            f"(transformers {transformers.__version__})"
+        )
+    layout = {
+        "has_gate": True,
+        "has_bias": False,
+        "is_transposed": False,
+        "is_concatenated": True,
+        "has_post_expert_norm": False,
+        "_is_expert_parallel": False,
+    }
     for attr, want in layout.items():
         if bool(getattr(experts, attr, want)) != want:
-            return (f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, "
-                    "one process)")
+            return (
+                f"{attr}={not want} (served: gate_up [E, 2F, H] gate then up, no bias, no post-expert norm, "
+                "one process)"
+            )
     gate = getattr(type(experts), "_apply_gate", None)
     if gate is not None and gate is not _default_apply_gate:
         return f"{type(experts).__name__} has its own gating (_apply_gate)"
@@ -107,6 +146,9 @@ def _experts_unserved(experts: nn.Module, config: Any) -> str | None:
     if act not in _ACTS:
         return f"config hidden_act={act!r} (served: {', '.join(_ACTS)})"
     if getattr(experts, "num_experts", None) is None or tuple(experts.gate_up_proj.shape) != (
-            experts.num_experts, 2 * experts.intermediate_dim, experts.hidden_dim):
+        experts.num_experts,
+        2 * experts.intermediate_dim,
+        experts.hidden_dim,
+    ):
         return f"gate_up_proj of shape {tuple(experts.gate_up_proj.shape)}"
     return None

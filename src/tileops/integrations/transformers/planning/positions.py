@@ -26,6 +26,7 @@ class PositionCheck:
         if self.seen is position_ids:
             return
         if flat.numel() and int(flat.max()) >= self.max_position:
-            raise ValueError(f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}"
-                             + note)
+            raise ValueError(
+                f"{module}: position {int(flat.max())} is past max_position_embeddings={self.max_position}" + note
+            )
         self.seen = position_ids

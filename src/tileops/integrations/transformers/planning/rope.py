@@ -49,8 +49,12 @@ def rope_op(config: Any, module: nn.Module, name: str, plan: Plan):
     base = float(params.get("rope_theta", 10000.0))
     served = ("default", "dynamic", "linear", "longrope", "llama3", "yarn")
     if rope_type not in served:
-        plan.refuse(name, "rotary embedding", f"rope_parameters rope_type={rope_type!r} "
-                    f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)")
+        plan.refuse(
+            name,
+            "rotary embedding",
+            f"rope_parameters rope_type={rope_type!r} "
+            f"(served: default, linear, dynamic below max_position_embeddings, longrope, llama3, yarn)",
+        )
         return None, 1.0
     # transformers' own frequencies say how many channels of a head rotate: a model whose
     # default RoPE honours partial_rotary_factor (Phi-3) builds a table for fewer than
@@ -58,10 +62,13 @@ def rope_op(config: Any, module: nn.Module, name: str, plan: Plan):
     inv_freq, gain = _transformers_rope(config, module, rope_type, plan.model)
     dim = 2 * inv_freq.numel()
     if dim != module.head_dim and not _rotates_part_of_a_head(module):
-        plan.refuse(name, "partial rotary embedding",
-                    f"rope_parameters partial_rotary_factor={params.get('partial_rotary_factor')} with "
-                    f"rope_type={rope_type!r}: transformers' {type(module).__name__} rotates the whole head and fails "
-                    "on the partial table")
+        plan.refuse(
+            name,
+            "partial rotary embedding",
+            f"rope_parameters partial_rotary_factor={params.get('partial_rotary_factor')} with "
+            f"rope_type={rope_type!r}: transformers' {type(module).__name__} rotates the whole head and fails "
+            "on the partial table",
+        )
         return None, 1.0
     common = dict(rotary_dim=dim, target=plan.target)
     max_position = int(config.max_position_embeddings)
@@ -73,23 +80,34 @@ def rope_op(config: Any, module: nn.Module, name: str, plan: Plan):
         # max_position_embeddings; past it the call raises (the scaled frequencies are not served)
         return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common), 1.0
     if rope_type == "linear":  # every frequency divided by factor: LongRoPE's per-frequency factors, all equal
-        return ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(params["factor"])] * (dim // 2),
-                                                **scaled), 1.0
+        return ops.RopeLongRopePositionIdsFwdOp(
+            max_position, base, rescale_factors=[float(params["factor"])] * (dim // 2), **scaled
+        ), 1.0
     if rope_type == "longrope":
-        short, long = (ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=[float(f) for f in params[k]],
-                                                        **scaled) for k in ("short_factor", "long_factor"))
+        short, long = (
+            ops.RopeLongRopePositionIdsFwdOp(
+                max_position, base, rescale_factors=[float(f) for f in params[k]], **scaled
+            )
+            for k in ("short_factor", "long_factor")
+        )
         return LongRope(short, long, int(params["original_max_position_embeddings"])), gain
     if rope_type == "llama3":
         return ops.RopeLlama31PositionIdsFwdOp(
-            max_position, base, scale_factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]), high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]), **common), 1.0
+            max_position,
+            base,
+            scale_factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position=int(params["original_max_position_embeddings"]),
+            **common,
+        ), 1.0
     # yarn: transformers' YaRN (correction dims over the whole rotary dim, interpolation f /
     # factor) is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)):
     # its own frequencies, as LongRoPE per-frequency factors
     plain = 1.0 / (base ** (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2)))
-    return ops.RopeLongRopePositionIdsFwdOp(max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(),
-                                            **scaled), gain
+    return ops.RopeLongRopePositionIdsFwdOp(
+        max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(), **scaled
+    ), gain
 
 
 def _transformers_rope(config: Any, module: nn.Module, rope_type: str, model: nn.Module) -> tuple[torch.Tensor, float]:
@@ -103,8 +121,10 @@ def _transformers_rope(config: Any, module: nn.Module, rope_type: str, model: nn
     if rope_type == "default":
         rotary = next((type(m) for m in model.modules() if hasattr(type(m), "compute_default_rope_parameters")), None)
         if rotary is None:  # no rotary embedding of its own: the whole head, at the plain frequencies
-            return 1.0 / (config.rope_parameters.get("rope_theta", 10000.0)
-                          ** (torch.arange(0, module.head_dim, 2, dtype=torch.float32) / module.head_dim)), 1.0
+            return 1.0 / (
+                config.rope_parameters.get("rope_theta", 10000.0)
+                ** (torch.arange(0, module.head_dim, 2, dtype=torch.float32) / module.head_dim)
+            ), 1.0
         inv_freq, gain = rotary.compute_default_rope_parameters(config, device=None, **kw)
     else:
         inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **kw)

@@ -17,8 +17,20 @@ if TYPE_CHECKING:
     from ..fused.model import FusedModel
     from .positions import PositionCheck
 
-__all__ = ["OpMemo", "ModuleState", "LinearState", "NormState", "MlpState", "AttentionState", "LayerState",
-           "RouterState", "ExpertsState", "BaseModelState", "CausalLMState", "state_of"]
+__all__ = [
+    "OpMemo",
+    "ModuleState",
+    "LinearState",
+    "NormState",
+    "MlpState",
+    "AttentionState",
+    "LayerState",
+    "RouterState",
+    "ExpertsState",
+    "BaseModelState",
+    "CausalLMState",
+    "state_of",
+]
 
 
 class OpMemo:
