@@ -85,8 +85,8 @@ def main() -> int:
         rounds, chunks, caller, on_team, stalls, alone = native.native().pool_stats()
         if rounds:
             print(
-                f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, {stalls} stalled, "
-                f"{alone} on the calling thread alone after a stall; "
+                f"native_cpu parallel regions: {rounds}, {on_team / rounds:.0%} on torch's OpenMP team, "
+                f"{stalls} stalled, {alone} on the calling thread alone after a stall; "
                 f"calling thread ran {caller / max(chunks, 1):.0%} of the chunks"
             )
     set_default_target(None)

@@ -36,11 +36,10 @@ import warnings
 
 import torch
 import transformers
-
 from hf_generate import CONFIG, TARGET, measure, never_stop, read_bandwidth_gbs, weight_bytes_per_step
+
 from tileops import ops
 from tileops.integrations.transformers import enable
-
 
 # Where the time outside the ops goes: the Python that runs before a forward's first op
 # (transformers' model forward, the integration's head), between two ops (split by what
@@ -278,7 +277,8 @@ def report_split(title: str, split: list[float], weight_bytes: int | None = None
         print(
             f"  at the read probe's {gbs:.1f} GB/s the weights take {floor * 1e3:.2f} ms: this step reached "
             f"{100 * floor / split[0]:.0f}% of the limit, the replay alone {100 * floor / split[4]:.0f}%; with this "
-            f"Python ({python * 1e3:.2f} ms) around kernels at the probe's rate, at most {100 * floor / (floor + python):.0f}%; "
+            f"Python ({python * 1e3:.2f} ms) around kernels at the probe's rate, "
+            f"at most {100 * floor / (floor + python):.0f}%; "
             f"with transformers' loop alone ({split[1] * 1e3:.2f} ms), at most {100 * floor / (floor + split[1]):.0f}%"
         )
 
@@ -324,8 +324,9 @@ def main() -> int:
     timed = decode(args.steps, timer)
     fused.replay = replay
     print(
-        f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a captured graph, {plain * 1e3:.2f} ms "
-        f"through the loop; the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
+        f"\ndecode step without the timers: {replayed * 1e3:.2f} ms replayed from a captured graph, "
+        f"{plain * 1e3:.2f} ms through the loop; "
+        f"the same step of a tiny model as deep (the op calls and Python alone, caches warm): "
         f"{warm[0] * 1e3:.2f} ms replayed, {warm[1] * 1e3:.2f} ms through the loop"
     )
     report(f"decode step through the loop (prompt {args.prompt}, batch 1)", timer, timed, args.steps)

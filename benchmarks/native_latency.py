@@ -524,8 +524,8 @@ def main() -> int:
     }
     misses: list[str] = []
     hdr = (
-        f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} {'eager ms: median':>16} {'p90':>7} "
-        f"{'max':>7} {'x eager':>7}"
+        f"{'case':<40} {'proc':>4} {'tileops ms: median':>18} {'p90':>7} {'max':>7} "
+        f"{'eager ms: median':>16} {'p90':>7} {'max':>7} {'x eager':>7}"
     )
     print(hdr)
     print("-" * len(hdr))
@@ -540,8 +540,8 @@ def main() -> int:
             if not tail_ok:
                 misses.append(f"tail: {name} (process {p + 1}: p90 {po / mo:.2f}x median)")
             print(
-                f"{name if p == 0 else '':<40} {p + 1:>4} {mo * 1e3:18.3f} {po * 1e3:7.3f} {xo * 1e3:7.3f} {me * 1e3:16.3f} "
-                f"{pe * 1e3:7.3f} {xe * 1e3:7.3f} {me / mo:7.2f}" + ("" if tail_ok else "  tail MISS")
+                f"{name if p == 0 else '':<40} {p + 1:>4} {mo * 1e3:18.3f} {po * 1e3:7.3f} {xo * 1e3:7.3f} "
+                f"{me * 1e3:16.3f} {pe * 1e3:7.3f} {xe * 1e3:7.3f} {me / mo:7.2f}" + ("" if tail_ok else "  tail MISS")
             )
         c = runs[0][name]
         ours_meds, eager_meds = [a for a, _ in meds], [e for _, e in meds]

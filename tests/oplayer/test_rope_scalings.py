@@ -10,9 +10,8 @@ import math
 import subprocess
 import sys
 
-import torch
-
 import pytest
+import torch
 
 from tileops.ops.rope import RopeLongRopeFwdOp, RopeLongRopePositionIdsFwdOp
 from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, yarn_inv_freq

@@ -77,7 +77,8 @@ SMOKE = textwrap.dedent(
         close(run(b.build_softmax, x, dim=-1), torch.softmax(x.float(), -1).to(dt))
         close(run(b.build_gelu, x, approximate="none"), F.gelu(x.float()).to(dt))
         close(run(b.build_sum, x, dim=(0,), keepdim=False), x.float().sum(0).to(dt), scale=2)
-        close(run(b.build_silu_and_mul, x[:, :44].contiguous()), (F.silu(x[:, :22].float()) * x[:, 22:44].float()).to(dt))
+        close(run(b.build_silu_and_mul, x[:, :44].contiguous()),
+              (F.silu(x[:, :22].float()) * x[:, 22:44].float()).to(dt))
         xr = torch.randn(3, 5, 2, 34, dtype=dt)  # RoPE pairs: a pair swap within each vector
         ang = torch.outer(torch.arange(5).float(), 1.0 / 10000.0 ** (torch.arange(17).float() / 17))
         c, s = ang.cos().to(dt).float()[:, None], ang.sin().to(dt).float()[:, None]
@@ -90,9 +91,11 @@ SMOKE = textwrap.dedent(
     for dt in (torch.float16, torch.bfloat16):  # what the manifests allow RMSNorm, GEMM and attention
         x = torch.randn(7, 45, dtype=dt) * 3
         w = torch.randn(45, dtype=dt)
-        close(run(b.build_rms_norm, x, w, normalized_shape=(45,), eps=1e-6), F.rms_norm(x.float(), (45,), w.float(), 1e-6).to(dt))
+        close(run(b.build_rms_norm, x, w, normalized_shape=(45,), eps=1e-6),
+              F.rms_norm(x.float(), (45,), w.float(), 1e-6).to(dt))
         a = torch.randn(19, 40, dtype=dt)
-        close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True), (a.float() @ x[:, :40].float().T).to(dt), scale=10)
+        close(run(b.build_gemm, a, x[:, :40].contiguous(), trans_a=False, trans_b=True),
+              (a.float() @ x[:, :40].float().T).to(dt), scale=10)
         for m in (1, 2, 3):  # the skinny (GEMV) path, NT and NN, K and N off the vector width
             # (NT reads B one row at a time for m <= 2, AVX2 bfloat16 in pairs; blocks of rows at m = 3)
             a1, w1 = torch.randn(m, 37, dtype=dt), torch.randn(29, 37, dtype=dt)
@@ -102,7 +105,8 @@ SMOKE = textwrap.dedent(
         q = torch.randn(1, 20, 4, 16, dtype=dt); k = torch.randn(1, 20, 2, 16, dtype=dt)
         out = run(b.build_gqa, q, k, k, is_causal=True)
         assert out.shape == q.shape and torch.isfinite(out.float()).all()
-        qd, kd, vd = torch.randn(2, 8, 40, dtype=dt), torch.randn(2, 37, 2, 40, dtype=dt), torch.randn(2, 37, 2, 40, dtype=dt)
+        qd = torch.randn(2, 8, 40, dtype=dt)
+        kd, vd = torch.randn(2, 37, 2, 40, dtype=dt), torch.randn(2, 37, 2, 40, dtype=dt)
         ref = F.scaled_dot_product_attention(qd.float()[:, :, None], kd.float().transpose(1, 2).repeat_interleave(4, 1),
                                              vd.float().transpose(1, 2).repeat_interleave(4, 1))[:, :, 0]
         close(run(b.build_gqa_decode, qd, kd, vd), ref.to(dt), scale=3)

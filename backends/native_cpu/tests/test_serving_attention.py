@@ -419,6 +419,6 @@ def test_a_serving_loop_on_the_paged_kv_cache_helper():
         )
         cache.append(seqs, k, v, counts=[1, 1])
         out = decode(q, cache.k_pages, cache.v_pages, cache.seqlens(seqs), cache.block_table(seqs))
-        for b, s in enumerate(seqs):
+        for i, s in enumerate(seqs):
             keys, values = cache.gather(s)
-            close(out[b : b + 1], run(DECODE, q[b : b + 1], keys[None], values[None]))
+            close(out[i : i + 1], run(DECODE, q[i : i + 1], keys[None], values[None]))

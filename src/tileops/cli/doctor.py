@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         ["entry point", "declared", "check"],
     )
     for b in found:
-        declared = None if b.declared_protocol is None else "%d.%d" % b.declared_protocol
+        declared = None if b.declared_protocol is None else "{:d}.{:d}".format(*b.declared_protocol)
         status = "loaded" if b.failure is None else "FAILED to load"
         installed.add(b.name, b.distribution, b.version, b.module, list(b.targets), declared or "undeclared", status)
         protocol.add(b.name, declared or "undeclared", _protocol_verdict(b, PROTOCOL_VERSION))

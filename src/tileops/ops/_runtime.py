@@ -8,6 +8,8 @@ same words for the same tensor, so both readers agree on every key.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import _C

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 import torch
 
 from tileops.backend import TensorSpec, register_detector, register_kernel_builder
+from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, plain_inv_freq
 
+from .attention import CpuPagedPrefillAttention, CpuVarlenAttention
 from .checks import (
     ALL_DTYPES,
     FLOATS,
@@ -29,9 +31,6 @@ from .checks import (
     refuse,
     shape_of,
 )
-from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, plain_inv_freq
-
-from .attention import CpuPagedPrefillAttention, CpuVarlenAttention
 from .kernels import CpuAdd, CpuFusedAddRMSNorm, CpuGatedActivation, CpuGemm, CpuGemv, CpuRMSNorm
 from .moe import CpuFusedMoe, CpuFusedTopK
 from .pending import build_gemm_pending
