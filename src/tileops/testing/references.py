@@ -11,12 +11,14 @@ Where the manifest names a ``ref_api``, the reference calls that function: as
 (``_ADAPTERS``, keyed by the API). An op with ``ref_api: none`` has its math written out
 here once (``_WRITTEN_OUT``, keyed by op name). A new op whose torch function takes the
 manifest's inputs and params as they are needs nothing here.
+
+The attention references are in ``_reference_attention``; what all references share
+(float32 compute, ``in_input_dtype``) in ``_reference_base``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,10 +27,18 @@ import torch.nn.functional as F
 from tileops import manifest
 from tileops.rope_tables import cos_sin
 
-Tensor = torch.Tensor
-RefResult = Tensor | tuple[Tensor, ...]
+from ._reference_attention import (
+    _gqa_decode,
+    _gqa_fwd,
+    _paged_decode,
+    _paged_prefill,
+    _sliding_window,
+    _sliding_window_varlen,
+    _varlen_prefill,
+)
+from ._reference_base import RefResult, Tensor, _down, _up, in_input_dtype
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+__all__ = ["in_input_dtype", "reference", "route_tokens", "tolerance"]
 
 # (rtol, atol). fp16/bf16 outputs are rounded once (bf16 has 8 mantissa bits, fp16 11);
 # kernels accumulate in float32 but in their own order, hence the slack over one ulp.
@@ -47,33 +57,6 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     if dtype.is_floating_point or dtype.is_complex:
         raise ValueError(f"no tolerance defined for {dtype}")
     return (0.0, 0.0)
-
-
-_IN_INPUT_DTYPE = [False]  # set by in_input_dtype(): compute as a same-dtype eager call
-
-
-@contextlib.contextmanager
-def in_input_dtype() -> Iterator[None]:
-    """Within it, references compute float16/bfloat16 in that dtype (as a PyTorch user's
-    eager call does) instead of in float32: a speed baseline (``tileops bench``), not a
-    numeric one. Process-wide while it lasts."""
-    saved = _IN_INPUT_DTYPE[0]
-    _IN_INPUT_DTYPE[0] = True
-    try:
-        yield
-    finally:
-        _IN_INPUT_DTYPE[0] = saved
-
-
-def _up(t: Tensor | None) -> Tensor | None:
-    """float32 copy of a low-precision float tensor; anything else as is."""
-    if t is not None and t.dtype in _LOW_PRECISION and not _IN_INPUT_DTYPE[0]:
-        return t.float()
-    return t
-
-
-def _down(result: Tensor, like: Tensor) -> Tensor:
-    return result.to(like.dtype)
 
 
 def _api(path: str | None) -> Callable[..., Any]:
@@ -210,301 +193,6 @@ def _rope_neox_position_ids(
         assert xf is not None
         rotated = rotate(xf[..., :rotary_dim], _up(cos)[:, None, :], _up(sin)[:, None, :])  # type: ignore[index]
         return _down(torch.cat((rotated, xf[..., rotary_dim:]), dim=-1), x)
-
-    return ref
-
-
-def _attention_scores(q: Tensor, k: Tensor, scale: float, softcap: float) -> Tensor:
-    scores = q @ k.transpose(-1, -2) * scale
-    if softcap > 0:
-        scores = softcap * torch.tanh(scores / softcap)
-    return scores
-
-
-def _gqa_fwd(fn: Callable[..., Tensor]) -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        is_causal: bool,
-        sm_scale: float | None = None,
-        softcap: float | None = None,
-    ) -> Tensor:
-        # sm_scale / softcap are constructor arguments of the op, not manifest params.
-        scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-        qf, kf, vf = (_up(t).transpose(1, 2) for t in (q, k, v))  # type: ignore[union-attr]  # BSHD -> BHSD
-        if not softcap:
-            out = fn(qf, kf, vf, is_causal=is_causal, scale=scale, enable_gqa=True)
-        else:  # SDPA has no softcap: the same math, written out
-            group = qf.shape[1] // kf.shape[1]
-            kf, vf = kf.repeat_interleave(group, dim=1), vf.repeat_interleave(group, dim=1)
-            scores = _attention_scores(qf, kf, scale, softcap)
-            if is_causal:
-                s = scores.shape[-1]
-                mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-                scores = scores.masked_fill(~mask, float("-inf"))
-            out = scores.softmax(dim=-1) @ vf
-        return _down(out.transpose(1, 2), q)
-
-    return ref
-
-
-def _gqa_decode() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        sm_scale: float | None = None,
-        softcap: float | None = None,
-    ) -> Tensor:
-        batch, heads, dim = q.shape
-        heads_kv = k.shape[2]
-        scale = dim**-0.5 if sm_scale is None else sm_scale
-        # Query head h reads kv head h // (heads / heads_kv), as repeat_interleave does.
-        qf = _up(q).view(batch, heads_kv, heads // heads_kv, dim)  # type: ignore[union-attr]
-        kf = _up(k).permute(0, 2, 3, 1)  # type: ignore[union-attr]  # [B, H_kv, D, N]
-        vf = _up(v).permute(0, 2, 1, 3)  # type: ignore[union-attr]  # [B, H_kv, N, D]
-        scores = qf @ kf * scale  # [B, H_kv, group, N]
-        if softcap:
-            scores = softcap * torch.tanh(scores / softcap)
-        out = scores.softmax(dim=-1) @ vf  # [B, H_kv, group, D]
-        return _down(out.reshape(batch, heads, dim), q)
-
-    return ref
-
-
-# ---- serving attention: packed requests, paged caches (layouts in attention.yaml) ------
-
-
-def _attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    diag: int,
-    causal: bool,
-    left: int,
-    right: int,
-    scale: float | None,
-    softcap: float | None,
-) -> Tensor:
-    """One request in float32: q [Lq, H, D] and k, v [Lk, H_kv, D] -> [Lq, H, D]. Query i
-    sits on key diagonal i + diag; a query that sees no key gets zeros."""
-    lq, heads, dim = q.shape
-    group = heads // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(group, dim=1).transpose(0, 1) for t in (k, v))
-    scores = _attention_scores(q.float().transpose(0, 1), kf, dim**-0.5 if scale is None else scale, softcap or 0.0)
-    i = torch.arange(lq, device=q.device)[:, None] + diag
-    j = torch.arange(k.shape[0], device=q.device)[None, :]
-    visible = torch.ones(lq, k.shape[0], dtype=torch.bool, device=q.device)
-    if causal:
-        visible &= j <= i
-    elif right >= 0:
-        visible &= j <= i + right
-    if left >= 0:
-        visible &= j >= i - left
-    weights = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1).nan_to_num(0.0)
-    return (weights @ vf).transpose(0, 1)
-
-
-def _page_rows(block_table: Tensor, b: int, length: int, page_size: int) -> Tensor:
-    """Cache rows of positions 0..length-1 of request b."""
-    t = torch.arange(length, device=block_table.device)
-    return block_table[b].long()[t // page_size] * page_size + t % page_size
-
-
-def _spans(cu: Tensor) -> list[tuple[int, int]]:
-    bounds = cu.tolist()
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _packed(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_q: Tensor,
-    cu_k: Tensor,
-    *,
-    causal: bool,
-    left: int,
-    right: int,
-    scale: float | None,
-    softcap: float | None,
-) -> Tensor:
-    """Packed requests, bottom-right per request; rows past cu_q[-1] stay 0 (padding)."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for (q0, q1), (k0, k1) in zip(_spans(cu_q), _spans(cu_k)):
-        out[q0:q1] = _attend(
-            q[q0:q1],
-            k[k0:k1],
-            v[k0:k1],
-            diag=(k1 - k0) - (q1 - q0),
-            causal=causal,
-            left=left,
-            right=right,
-            scale=scale,
-            softcap=softcap,
-        )
-    return _down(out, q)
-
-
-def _varlen_prefill() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        cu_seqlens_q: Tensor,
-        cu_seqlens_kv: Tensor,
-        q_scale: Tensor | None = None,
-        k_scale: Tensor | None = None,
-        v_scale: Tensor | None = None,
-        *,
-        is_causal: bool,
-        sm_scale: float | None,
-        softcap: float | None,
-        window_size_left: int,
-        window_size_right: int,
-        **_: Any,
-    ) -> Tensor:
-        return _packed(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_kv,
-            causal=is_causal,
-            left=window_size_left,
-            right=window_size_right,
-            scale=sm_scale,
-            softcap=softcap,
-        )
-
-    return ref
-
-
-def _paged_prefill() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k_new: Tensor,
-        v_new: Tensor,
-        k_pages: Tensor,
-        v_pages: Tensor,
-        k_scale: Tensor | None,
-        v_scale: Tensor | None,
-        cu_seqlens_q: Tensor,
-        cache_seqlens: Tensor,
-        block_table: Tensor,
-        *,
-        page_size: int,
-        is_causal: bool,
-        sm_scale: float | None,
-        softcap: float | None,
-        window_size_left: int,
-        **_: Any,
-    ) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for b, (q0, q1) in enumerate(_spans(cu_seqlens_q)):
-            cached = int(cache_seqlens[b])
-            rows = _page_rows(block_table, b, cached + q1 - q0, page_size)
-            k_pages[rows[cached:]] = k_new[q0:q1]  # the append, in place as the op does
-            v_pages[rows[cached:]] = v_new[q0:q1]
-            out[q0:q1] = _attend(
-                q[q0:q1],
-                k_pages[rows],
-                v_pages[rows],
-                diag=cached,
-                causal=is_causal,
-                left=window_size_left,
-                right=-1,
-                scale=sm_scale,
-                softcap=softcap,
-            )
-        return _down(out, q)
-
-    return ref
-
-
-def _paged_decode() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        real_seqlen_kv: Tensor,
-        block_table: Tensor,
-        *,
-        page_size: int,
-        sm_scale: float | None,
-        softcap: float | None,
-        window_size_left: int,
-    ) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for b, length in enumerate(real_seqlen_kv.tolist()):
-            rows = _page_rows(block_table, b, length, page_size)
-            out[b : b + 1] = _attend(
-                q[b : b + 1],
-                k[rows],
-                v[rows],
-                diag=length - 1,
-                causal=True,
-                left=window_size_left,
-                right=-1,
-                scale=sm_scale,
-                softcap=softcap,
-            )
-        return _down(out, q)
-
-    return ref
-
-
-def _sliding_window() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor, k: Tensor, v: Tensor, *, is_causal: bool, window_size_left: int, window_size_right: int
-    ) -> Tensor:
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        for b in range(q.shape[0]):
-            out[b] = _attend(
-                q[b],
-                k[b],
-                v[b],
-                diag=0,
-                causal=is_causal,
-                left=window_size_left,
-                right=window_size_right,
-                scale=None,
-                softcap=None,
-            )
-        return _down(out, q)
-
-    return ref
-
-
-def _sliding_window_varlen() -> Callable[..., RefResult]:
-    def ref(
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        cu_seqlens_q: Tensor,
-        cu_seqlens_k: Tensor,
-        *,
-        is_causal: bool,
-        window_size_left: int,
-        window_size_right: int,
-        **_: Any,
-    ) -> Tensor:
-        return _packed(
-            q,
-            k,
-            v,
-            cu_seqlens_q,
-            cu_seqlens_k,
-            causal=is_causal,
-            left=window_size_left,
-            right=window_size_right,
-            scale=None,
-            softcap=None,
-        )
 
     return ref
 

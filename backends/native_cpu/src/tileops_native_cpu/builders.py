@@ -134,7 +134,7 @@ def detect(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-# The names tests and benchmarks/native_cpu.py call builders by.
+# The names tests and the benchmarks (benchmarks/native_cpu_cases.py) call builders by.
 build_rms_norm = BUILDERS["RMSNormFwdOp"]
 build_fused_add_rms_norm = BUILDERS["FusedAddRMSNormFwdOp"]
 build_fused_add_layer_norm = BUILDERS["FusedAddLayerNormFwdOp"]
