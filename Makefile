@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
+.PHONY: setup demo lint test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -55,6 +55,18 @@ $(DEMO_VENV)/.installed: $(VENV)/.tileops-installed $(BACKEND_SRC)
 demo: $(DEMO_VENV)/.installed $(MODEL_GGUF)
 	$(DEMO_VENV)/bin/python examples/demo.py
 
+# Style, the first step of `make test`: ruff's lint and format check over every Python file
+# (pyproject.toml [tool.ruff]) and clang-format's over the C++ (.clang-format), with the
+# versions requirements-dev.txt pins. To fix what it reports: .venv/bin/ruff check --fix .,
+# .venv/bin/ruff format . and .venv/bin/clang-format -i on the files it names.
+CPP_SRC := $(sort $(shell find csrc backends/native_cpu/csrc src/tileops/include -name "*.h" -o -name "*.cc"))
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@echo "$(VENV)/bin/clang-format --dry-run --Werror <the $(words $(CPP_SRC)) C++ sources>"
+	@$(VENV)/bin/clang-format --dry-run --Werror $(CPP_SRC)
+
 # GoogleTest comes from Debian; install it when missing (CI and dev machines run as root).
 gtest:
 	@test -f /usr/include/gtest/gtest.h || { \
@@ -100,10 +112,10 @@ TRANSFORMERS_OLDEST := 5.19.0
 test-transformers-oldest: setup $(MODEL_GGUF)
 	$(INTEGRATIONS) transformers==$(TRANSFORMERS_OLDEST) -- python $(PYTEST) -m models tests/integrations
 
-# Everything: C++ unit tests, the Python suite, the native backend's suite, the models on
-# both CPU backends (newest and oldest transformers), and the sanitizer job (about 7 of
-# the whole 16 minutes on 2 cores; see docs/reliability.md).
-test: test-cpp test-py test-native test-integrations test-transformers-oldest sanitize
+# Everything: the style check first (lint), then C++ unit tests, the Python suite, the
+# native backend's suite, the models on both CPU backends (newest and oldest transformers),
+# and the sanitizer job (about 7 of the whole 16 minutes on 2 cores; see docs/reliability.md).
+test: lint test-cpp test-py test-native test-integrations test-transformers-oldest sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
 # (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency
