@@ -114,7 +114,7 @@ test-transformers-oldest: setup $(MODEL_GGUF)
 
 # Everything: the style check first (lint), then C++ unit tests, the Python suite, the
 # native backend's suite, the models on both CPU backends (newest and oldest transformers),
-# and the sanitizer job (about 7 of the whole 16 minutes on 2 cores; see docs/reliability.md).
+# and the sanitizer job (its largest share; docs/reliability.md, docs/performance.md).
 test: lint test-cpp test-py test-native test-integrations test-transformers-oldest sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
