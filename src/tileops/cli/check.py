@@ -76,7 +76,7 @@ def summarise(target: str, device: str, scale: str, outcomes: Sequence) -> Table
         passed = sum(o.passed for o in group)
         errors = [o.max_abs_error for o in group if o.max_abs_error is not None]
         first = next((o.message for o in group if not o.passed), None)
-        rtol, atol = references.tolerance(group[0].case.dtype)
+        rtol, atol = references.tolerance(group[0].case.dtype, group[0].case.op)
         table.add(
             op,
             dtype,

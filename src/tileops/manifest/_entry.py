@@ -11,7 +11,7 @@ import torch
 
 from ._errors import ManifestError
 from ._expr import Expr, TensorView, namespace, view_of
-from ._types import ParamType, dtype_rule_text
+from ._types import DTYPES, ParamType, dtype_rule_text
 from ._upstream import Upstream
 from ._values import ValueRule
 
@@ -32,8 +32,9 @@ class InputDecl:
 class OutputDecl:
     name: str
     dtype_from: str | None  # the input whose dtype the output takes (manifest: same_as(<input>))
-    dtype: torch.dtype | None  # or a fixed dtype (manifest: a dtype name); exactly one is set
+    dtype: torch.dtype | None  # or a fixed dtype (manifest: a dtype name)
     shape: Expr
+    dtype_param: str | None = None  # or the dtype a str param names (manifest: param(<name>)); one is set
 
 
 @dataclass(frozen=True)
@@ -262,11 +263,24 @@ class OpEntry:
             if out.dtype is not None:
                 meta.append((out.dtype, shape))
                 continue
+            if out.dtype_param is not None:
+                meta.append((self._param_dtype(out, ns), shape))
+                continue
             assert out.dtype_from is not None
             view = views[out.dtype_from]
             assert view is not None
             meta.append((view.dtype, shape))
         return meta
+
+    def _param_dtype(self, out: OutputDecl, ns: Mapping[str, Any]) -> torch.dtype:
+        """The dtype an output takes from a str param naming it (``param(<name>)``)."""
+        value = ns[out.dtype_param]
+        if value not in DTYPES:
+            raise ValueError(
+                f"{self.name}: param {out.dtype_param!r} names the dtype of output {out.name!r}; expected one of "
+                f"{', '.join(DTYPES)}, got {value!r}"
+            )
+        return DTYPES[value]
 
     def roofline(self, specs: Sequence[object | None], params: Mapping[str, Any]) -> tuple[int, int]:
         """(flops, bytes) for one call; ``eb`` is the first input's element size."""

@@ -100,7 +100,51 @@ def representable(value: int | float, dtype: Any) -> bool:
     return info.min <= value <= info.max
 
 
+# GGML block formats (tileops.quant.ggml_blocks), for the ops over GGUF weights: a type is
+# named by its GGUF name ("Q4_K"); sizes are in weights (block) and bytes (type, row).
+
+
+def _ggml(name: object) -> Any:
+    from tileops.quant.ggml_blocks import ggml_type  # noqa: PLC0415 - loaded by the ops that use it
+
+    return ggml_type(name)
+
+
+def ggml_known(name: object) -> bool:
+    """Whether ``name`` is a GGML type tileops serves."""
+    try:
+        _ggml(name)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def ggml_block_size(name: object) -> int:
+    return _ggml(name).block_size
+
+
+def ggml_type_size(name: object) -> int:
+    return _ggml(name).type_size
+
+
+def ggml_row_bytes(name: object, k: int) -> int:
+    """The bytes of a row of ``k`` weights (``k`` a multiple of the block size)."""
+    t = _ggml(name)
+    return k // t.block_size * t.type_size
+
+
+def ggml_row_dim(name: object, row_bytes: int) -> int:
+    """The weights in a row of ``row_bytes`` bytes (a whole number of blocks)."""
+    t = _ggml(name)
+    return row_bytes // t.type_size * t.block_size
+
+
 HELPERS: dict[str, Any] = {
+    "ggml_known": ggml_known,
+    "ggml_block_size": ggml_block_size,
+    "ggml_type_size": ggml_type_size,
+    "ggml_row_bytes": ggml_row_bytes,
+    "ggml_row_dim": ggml_row_dim,
     "prod": prod,
     "broadcast_shapes": broadcast_shapes,
     "broadcastable": broadcastable,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keyword
+import re
 from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ _PARAM_KEYS = {"type", "default", "resolve", "kw_only"}
 _ROOFLINE_KEYS = {"vars", "flops", "bytes"}
 _WORKLOAD_KEYS = {"name", "params", "dtypes", "constructor"}  # plus one key per input
 _ROOFLINE_RESERVED = {"eb"}
+_PARAM_DTYPE = re.compile(r"^param\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)$")  # an output's dtype named by a str param
 
 
 # libyaml's parser when PyYAML was built with it (several times faster); same semantics.
@@ -309,6 +311,14 @@ def _entry(ctx: _Ctx, name: Any, raw: Any) -> OpEntry:
         ctx.identifier(oname, f)
         spec = ctx.mapping(spec, f)
         ctx.keys(spec, f, _OUTPUT_KEYS)
+        named = _PARAM_DTYPE.match(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+        if named is not None:  # param(<name>): the dtype a str param names
+            if ptypes.get(named.group(1)) is None or ptypes[named.group(1)].text != "str":
+                raise ctx.error(f"{f}.dtype", f"{spec['dtype']}: param {named.group(1)!r} must be a declared str param")
+            outputs.append(
+                OutputDecl(oname, None, None, ctx.expr(spec["shape"], f"{f}.shape", names, names), named.group(1))
+            )
+            continue
         try:
             fixed, same_as = parse_dtype_rule(spec["dtype"])
         except TypeSyntaxError as exc:

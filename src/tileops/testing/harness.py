@@ -205,6 +205,9 @@ def make_inputs(
             t = torch.randint(low, high, shape, generator=gen, dtype=dtype)
         if case.op == "ClampFwdOp" and decl.name == "max" and out[1] is not None:
             t = torch.maximum(t, out[1])  # keep min <= max, as torch.clamp's docs assume
+        quantized = _quantized_input(case, decl.name, shape, gen)
+        if quantized is not None:
+            t = quantized.to(dtype)
         if decl.name in ("w_gate_up", "w_down"):
             # an MoE expert's weights at a trained model's scale (1 / sqrt(fan-in)), so its
             # activations stay O(1): with unit weights they grow as sqrt(H * F), and
@@ -218,6 +221,25 @@ def make_inputs(
     if case.strided:
         out = [_strided(t) if t is not None and t.ndim >= 2 else t for t in out]
     return [None if t is None else t.to(case.device) for t in out]
+
+
+def _quantized_input(case: Case, name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor | None:
+    """Quantized weights as a model holds them (weights of about 0.02): valid GGML blocks
+    for the GGUF ops, 4-bit groups with zero points in 0..15 for W4A16; None for any other
+    input."""
+    if name == "weight" and "ggml_type" in case.params:
+        from tileops.quant import ggml_blocks  # noqa: PLC0415
+
+        t = ggml_blocks.ggml_type(case.params["ggml_type"])
+        k = shape[1] // t.type_size * t.block_size
+        return ggml_blocks.random_blocks(t.name, shape[:1], k, gen)
+    if case.op == "GemmW4A16FwdOp" and name == "weight_zero":
+        return torch.randint(0, 16, shape, generator=gen, dtype=torch.uint8)
+    if case.op == "GemmW4A16FwdOp" and name == "packed_weight":
+        return torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    if case.op == "GemmW4A16FwdOp" and name == "weight_scale":
+        return torch.rand(shape, generator=gen).mul(0.005).add(0.001)  # |(q - zero) * scale| up to about 0.02
+    return None
 
 
 def index_inputs(
@@ -244,6 +266,11 @@ def index_inputs(
             count = shapes[name][0] - 1
             spans = _even_split(total, count) if full else _uneven_split(total, count, limit.get(name, total), gen)
             out[name] = torch.tensor([0, *itertools.accumulate(spans)], dtype=dtypes[name])
+    for rule in rules:
+        if rule.kind == "within" and rule.tensors[0] not in out:  # ids of rows, positions in a table
+            name = rule.tensors[0]
+            lo, hi = rule.scalar_values(shapes, params)
+            out[name] = torch.randint(lo, max(hi, lo + 1), shapes[name], generator=gen, dtype=dtypes[name])
     for rule in rules:
         if rule.kind != "pages":
             continue
@@ -380,11 +407,17 @@ def _run(case: Case) -> float:
     specs = [None if t is None else _Spec(t.device, t.dtype, tuple(t.shape)) for t in inputs]
     params = entry.call_params(specs, op.params)
     expected = references.reference(case.op)(*[_cpu(t) for t in reference_inputs], **params)
-    actual = op(*inputs)
+    actual = op(*_prepared(op, entry, inputs))
     worst = _compare(case, actual, expected)
     # Second call: a memo hit must give the same answer.
-    again = op(*make_inputs(case))
+    again = op(*_prepared(op, entry, make_inputs(case)))
     return max(worst, _compare(case, again, expected))
+
+
+def _prepared(op: Any, entry: manifest.OpEntry, inputs: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The inputs in the layouts the op's target registered for them (weights, once where
+    they are loaded: ``Op.prepare_weight``); the references read them as made."""
+    return [t if t is None else op.prepare_weight(d.name, t) for d, t in zip(entry.inputs, inputs)]
 
 
 def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -407,7 +440,7 @@ def _compare(case: Case, actual: Any, expected: Any) -> float:
         got = got.cpu()
         assert got.dtype == want.dtype, f"{case}: dtype {got.dtype}, expected {want.dtype}"
         assert got.shape == want.shape, f"{case}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-        rtol, atol = references.tolerance(got.dtype)
+        rtol, atol = references.tolerance(got.dtype, case.op)
         g, w = got.double(), want.double()
         # equal values (infinities included) and a NaN where the reference has one agree
         # (equal_nan); any other NaN is an infinite error

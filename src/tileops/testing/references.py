@@ -37,6 +37,8 @@ from ._reference_attention import (
     _varlen_prefill,
 )
 from ._reference_base import RefResult, Tensor, _down, _up, in_input_dtype
+from ._reference_quantized import TOLERANCES as _QUANTIZED_TOLERANCES
+from ._reference_quantized import WRITTEN_OUT as _QUANTIZED
 
 __all__ = ["in_input_dtype", "reference", "route_tokens", "tolerance"]
 
@@ -49,9 +51,12 @@ _TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
-def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing an op's output of ``dtype`` with its reference.
+def tolerance(dtype: torch.dtype, op: str | None = None) -> tuple[float, float]:
+    """(rtol, atol) for comparing an op's output of ``dtype`` with its reference (``op``'s
+    own where its kernels may round more than the output's dtype does).
     Integer and bool results must match exactly."""
+    if op in _QUANTIZED_TOLERANCES and dtype in _QUANTIZED_TOLERANCES[op]:
+        return _QUANTIZED_TOLERANCES[op][dtype]
     if dtype in _TOLERANCES:
         return _TOLERANCES[dtype]
     if dtype.is_floating_point or dtype.is_complex:
@@ -298,6 +303,7 @@ _ADAPTERS: dict[str, Callable[[Callable[..., Tensor]], Callable[..., RefResult]]
 
 # op -> its math, for the entries whose ref_api is none.
 _WRITTEN_OUT: dict[str, Callable[[], Callable[..., RefResult]]] = {
+    **_QUANTIZED,
     "FusedAddRMSNormFwdOp": _fused_add_rms_norm,
     "FusedAddLayerNormFwdOp": _fused_add_layer_norm,
     "SiluAndMulFwdOp": lambda: _gated(F.silu),
