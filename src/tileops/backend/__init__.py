@@ -33,6 +33,10 @@ The contract in one screen:
 * Backends are discovered once, on the first op construction or registry read. A backend
   whose import fails is skipped with a ``RuntimeWarning`` and recorded in
   ``load_failures()``; whatever it registered before failing is rolled back.
+* A kernel that reads a weight in a layout of its own (rows interleaved, nibbles
+  reordered) registers it with ``register_weight_layout(op, target, input, prepare)``:
+  ``prepare(tensor, **params)`` runs once where the weight is loaded
+  (``op.prepare_weight(input, tensor)``), and the kernel receives the prepared tensor.
 * ``PROTOCOL_VERSION`` is the (major, minor) protocol this tileops speaks. A backend
   module may declare the one it was written for, ``TILEOPS_PROTOCOL_VERSION = (1, 0)``
   at top level; another major is a load failure naming both. Declaring nothing is fine.
@@ -45,6 +49,7 @@ from .registry import (
     load_failures,
     register_detector,
     register_kernel_builder,
+    register_weight_layout,
     registered_targets,
     set_default_target,
 )
@@ -65,6 +70,7 @@ __all__ = [
     "load_failures",
     "register_detector",
     "register_kernel_builder",
+    "register_weight_layout",
     "registered_targets",
     "set_default_target",
 ]

@@ -6,10 +6,12 @@ runs on a memo hit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from . import discovery
-from .registry import _registry
+from .registry import _registry, layout_key
 from .types import BUILTIN, Target, _Builtin
 
 
@@ -40,6 +42,12 @@ def claims(target: str, device: torch.device) -> bool:
 
 def builder(op: str, target: str):
     return _registry.builder(op, target)
+
+
+def weight_layout(op: str, input: str, target: str) -> Any:
+    """``target``'s ``prepare`` for ``op``'s ``input`` (``register_weight_layout``), or None."""
+    key = layout_key(op, input)
+    return _registry.builder(key, target) if target in _registry.targets_for_op(key) else None
 
 
 def targets_for(op: str) -> list[str]:

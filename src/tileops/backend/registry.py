@@ -55,6 +55,26 @@ def register_kernel_builder(op: str, target: str, build_kernel: BuildKernel) -> 
     _registry.register_builder(op, target, build_kernel, describe_callable(build_kernel))
 
 
+def layout_key(op: str, input: str) -> str:
+    """The registry's name for the weight layout of ``op``'s ``input`` (kept beside the
+    builders, so a backend's import registers it or rolls it back with them)."""
+    return f"{op}.{input}:layout"
+
+
+def register_weight_layout(op: str, target: str, input: str, prepare: Callable[..., torch.Tensor]) -> None:
+    """Register the layout ``target``'s kernels of ``op`` want ``input`` in (a weight they
+    read in an order of their own): ``prepare(tensor, **params)`` returns ``tensor`` in that
+    layout, with the same shape, dtype and device. It runs once, where the weight is loaded
+    (``op.prepare_weight(input, tensor)``), never per call; the kernels then receive the
+    prepared tensor. Once per (op, target, input)."""
+    _check_name("op", op)
+    _check_name("target", target)
+    _check_name("input", input)
+    if not callable(prepare):
+        raise TypeError(f"prepare for ({op!r}, {target!r}, {input!r}) must be callable, got {prepare!r}")
+    _registry.register_builder(layout_key(op, input), target, prepare, describe_callable(prepare))
+
+
 def registered_targets(op: str | None = None) -> list[str]:
     """Every registered target, sorted; with ``op``, those with a builder for it."""
     discovery.ensure_discovered()

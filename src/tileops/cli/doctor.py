@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
         key="undeclared_ops",
     )
     for op, target in _C.process_registry.builder_keys():
-        if op in declared_ops:
-            continue
+        if op in declared_ops or op.endswith(":layout") and op.split(".", 1)[0] in declared_ops:
+            continue  # a builder, or a weight layout (register_weight_layout) of a declared op
         close = difflib.get_close_matches(op, declared_ops, n=1, cutoff=0.5)
         stray.add(
             op, target, _C.process_registry.builder_name(op, target), f"did you mean {close[0]!r}?" if close else None

@@ -231,6 +231,43 @@ class Op:
     def _configure_return(self) -> None:
         """In-place ops return the caller's own input tensor (a declared alias)."""
 
+    # ---- weights in a target's own layout ---------------------------------------------
+
+    def prepare_weight(self, input: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``, for this op's ``input``, in the layout its target's kernels read
+        (``tileops.backend.register_weight_layout``; the tensor itself where the target has
+        none). Call it once, where the weight is loaded, and pass what it returns."""
+        if input not in self._entry.input_names():
+            raise ValueError(
+                f"{type(self).__name__}.prepare_weight: expected one of its inputs "
+                f"{list(self._entry.input_names())}, got {input!r}"
+            )
+        target = self._settled
+        if target is None:
+            target = dispatch.settle(self._requested, tensor.device)
+        if isinstance(target, _Builtin):
+            return tensor
+        prepare = dispatch.weight_layout(type(self).__name__, input, target)
+        if prepare is None:
+            return tensor
+        prepared = prepare(tensor, **self.params)
+        same = isinstance(prepared, torch.Tensor) and (prepared.shape, prepared.dtype, prepared.device) == (
+            tensor.shape,
+            tensor.dtype,
+            tensor.device,
+        )
+        if not same:
+            got = (
+                (tuple(prepared.shape), prepared.dtype, prepared.device)
+                if isinstance(prepared, torch.Tensor)
+                else prepared
+            )
+            raise BackendError(
+                f"{target}'s weight layout for {type(self).__name__}.{input} must return a tensor of the shape, dtype "
+                f"and device it was given ({tuple(tensor.shape)}, {tensor.dtype}, {tensor.device}); got {got!r}"
+            )
+        return prepared
+
     # ---- introspection --------------------------------------------------------------
 
     @property
