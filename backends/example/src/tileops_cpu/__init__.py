@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from tileops.backend import TensorSpec, register_detector, register_kernel_builder
+from tileops.quant import ggml_blocks
 from tileops.rope_tables import llama31_inv_freq, longrope_factor, longrope_inv_freq, plain_inv_freq
 
 from .attention import CpuPagedPrefillAttention, CpuVarlenAttention
@@ -34,6 +35,7 @@ from .checks import (
 from .kernels import CpuAdd, CpuFusedAddRMSNorm, CpuGatedActivation, CpuGemm, CpuGemv, CpuRMSNorm
 from .moe import CpuFusedMoe, CpuFusedTopK
 from .pending import build_gemm_pending
+from .quantized import CpuEmbeddingGguf, CpuGemmGguf, CpuGemmW4A16
 from .rope import CpuRopePositionIds
 
 
@@ -400,6 +402,63 @@ def build_fused_moe(
 
 # ---- registration --------------------------------------------------------------------
 
+# ---- quantized weights ---------------------------------------------------------------
+
+
+def _ggml(op: str, ggml_type: str) -> ggml_blocks.GgmlType:
+    try:
+        return ggml_blocks.ggml_type(ggml_type)
+    except ValueError as error:
+        raise refuse(op, "a GGML type tileops serves", repr(ggml_type), str(error)) from None
+
+
+def build_gemm_gguf(activation: TensorSpec, weight: TensorSpec, *, ggml_type: str):
+    """GemmGgufFwdOp: the weight's rows of GGML blocks dequantized at each call."""
+    op = "GemmGgufFwdOp"
+    dtype = check_tensors(op, FLOATS, activation=activation)
+    check_dtype(op, (torch.uint8,), weight=weight)
+    t = _ggml(op, ggml_type)
+    k, row = shape_of(activation)[-1], shape_of(weight)[-1]
+    if k % t.block_size or row != k // t.block_size * t.type_size:
+        raise refuse(
+            op,
+            f"weight rows of {k // t.block_size} {t.name} blocks ({k // t.block_size * t.type_size} bytes)",
+            f"K={k} and rows of {row} bytes",
+        )
+    return CpuGemmGguf(t.name, dtype)
+
+
+def build_gemm_w4a16(
+    activation: TensorSpec,
+    packed_weight: TensorSpec,
+    weight_scale: TensorSpec,
+    weight_zero: TensorSpec,
+    *,
+    group_size: int,
+):
+    """GemmW4A16FwdOp: the 4-bit groups dequantized at each call."""
+    op = "GemmW4A16FwdOp"
+    dtype = check_tensors(op, FLOATS, activation=activation)
+    check_dtype(op, (torch.uint8,), packed_weight=packed_weight, weight_zero=weight_zero)
+    check_dtype(op, (torch.float32, torch.float16), weight_scale=weight_scale)
+    return CpuGemmW4A16(group_size, dtype)
+
+
+def build_embedding_gguf(ids: TensorSpec, weight: TensorSpec, *, ggml_type: str, out_dtype: str):
+    """EmbeddingGgufFwdOp: the rows asked for, dequantized."""
+    op = "EmbeddingGgufFwdOp"
+    check_dtype(op, (torch.int32, torch.int64), ids=ids)
+    check_dtype(op, (torch.uint8,), weight=weight)
+    t = _ggml(op, ggml_type)
+    if shape_of(weight)[-1] % t.type_size:
+        raise refuse(
+            op,
+            f"weight rows of whole {t.name} blocks ({t.type_size} bytes each)",
+            f"rows of {shape_of(weight)[-1]} bytes",
+        )
+    return CpuEmbeddingGguf(t.name, getattr(torch, out_dtype))
+
+
 BUILDERS = {
     "RMSNormFwdOp": build_rms_norm,
     "FusedAddRMSNormFwdOp": build_fused_add_rms_norm,
@@ -415,6 +474,9 @@ BUILDERS = {
     "GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp": build_gqa_prefill_paged,
     "FusedTopKOp": build_fused_topk,
     "FusedMoeFwdOp": build_fused_moe,
+    "GemmGgufFwdOp": build_gemm_gguf,
+    "GemmW4A16FwdOp": build_gemm_w4a16,
+    "EmbeddingGgufFwdOp": build_embedding_gguf,
 }
 
 register_detector(target=TARGET, detect=_detect)
