@@ -1,7 +1,8 @@
 // Greedy decoding on a captured decode step (tileops.capture.decode_greedy): a causal LM's
 // step, captured with its LM head, replayed for many tokens from one call. After each
 // replay, each sequence's next token is the first largest of its logits (torch.argmax's
-// pick: engine/greedy_pick.h); its embedding row is copied into the step's input rows and
+// pick: engine/greedy_pick.h); its embedding row is copied into the step's input rows (or,
+// for a step that embeds its tokens itself, the token goes to the step's input ids) and
 // the step's positions and cache lengths move on by one, so no Python runs between the
 // steps. With end-of-sequence ids, as transformers' greedy search does: a sequence that
 // has finished gets `pad` instead, a token among `eos` finishes its sequence, and the loop
@@ -106,16 +107,25 @@ float logit_as_float(const HostView& v, int64_t i) {
 }
 
 int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::handle table_t, nb::handle rows_t,
-                      nb::handle positions_t, nb::handle lengths_t, nb::handle last_t, nb::handle tokens_t,
-                      nb::handle unfinished_t, std::vector<int64_t> eos, int64_t pad, nb::handle kept_t) {
+                      nb::handle ids_t, nb::handle positions_t, nb::handle lengths_t, nb::handle last_t,
+                      nb::handle tokens_t, nb::handle unfinished_t, std::vector<int64_t> eos, int64_t pad,
+                      nb::handle kept_t) {
   if (steps < 0) refuse("steps must be >= 0, got " + std::to_string(steps));
   const HostView logits = host_view(logits_t, "logits");
   const engine::LogitType type = logit_type(logits);
   if (logits.shape.size() != 2 || logits.shape[1] < 1) refuse("logits must be [B, V], got " + shape_text(logits.shape));
   const int64_t batch = logits.shape[0], vocab = logits.shape[1];
-  const HostView table = host_view(table_t, "table"), rows = host_view(rows_t, "rows");
+  const HostView table = host_view(table_t, "table");
   if (table.shape.size() != 2) refuse("table must be the embedding [vocab, hidden], got " + shape_text(table.shape));
-  expect(rows, "rows", table.dtype, table.dtype_name.c_str(), {batch, table.shape[1]});
+  if (rows_t.is_none() == ids_t.is_none()) refuse("give the step's input rows or its input ids, one of the two");
+  HostView rows, ids;  // the step reads the tokens' embedding rows, or their ids (it embeds them itself)
+  if (ids_t.is_none()) {
+    rows = host_view(rows_t, "rows");
+    expect(rows, "rows", table.dtype, table.dtype_name.c_str(), {batch, table.shape[1]});
+  } else {
+    ids = host_view(ids_t, "ids");
+    expect(ids, "ids", Dtype::kInt64, "int64", {batch});
+  }
   const HostView positions = host_view(positions_t, "positions"), lengths = host_view(lengths_t, "lengths");
   const HostView last_v = host_view(last_t, "last"), tokens_v = host_view(tokens_t, "tokens");
   const HostView unfinished_v = host_view(unfinished_t, "unfinished");
@@ -148,6 +158,7 @@ int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::
   auto* unfinished = static_cast<int64_t*>(unfinished_v.data);
   const auto* embedding = static_cast<const char*>(table.data);
   auto* input_rows = static_cast<char*>(rows.data);
+  auto* input_ids = static_cast<int64_t*>(ids.data);
   const auto* scores = static_cast<const char*>(logits.data);
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t b = 0; b < batch; ++b) {
@@ -155,7 +166,11 @@ int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::
         refuse("token " + std::to_string(last[b]) + " of sequence " + std::to_string(b) +
                " is not a row of the embedding table");
       }
-      std::memcpy(input_rows + b * row_bytes, embedding + last[b] * row_bytes, static_cast<size_t>(row_bytes));
+      if (input_ids != nullptr) {
+        input_ids[b] = last[b];
+      } else {
+        std::memcpy(input_rows + b * row_bytes, embedding + last[b] * row_bytes, static_cast<size_t>(row_bytes));
+      }
       pos[b] += 1;
       lens[b] += 1;
     }
@@ -182,8 +197,8 @@ int64_t decode_greedy(nb::handle graph, int64_t steps, nb::handle logits_t, nb::
 
 void bind_greedy(nb::module_& m) {
   m.def("decode_greedy", &decode_greedy, nb::arg("graph"), nb::arg("steps"), nb::arg("logits"), nb::arg("table"),
-        nb::arg("rows"), nb::arg("positions"), nb::arg("lengths"), nb::arg("last"), nb::arg("tokens"),
-        nb::arg("unfinished"), nb::arg("eos"), nb::arg("pad"), nb::arg("kept_logits").none(),
+        nb::arg("rows").none(), nb::arg("ids").none(), nb::arg("positions"), nb::arg("lengths"), nb::arg("last"),
+        nb::arg("tokens"), nb::arg("unfinished"), nb::arg("eos"), nb::arg("pad"), nb::arg("kept_logits").none(),
         "Greedy decoding on a captured step (tileops.capture.decode_greedy); returns the steps run.");
 }
 

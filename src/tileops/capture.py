@@ -151,7 +151,8 @@ def decode_greedy(
     *,
     logits: torch.Tensor,
     table: torch.Tensor,
-    rows: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    ids: torch.Tensor | None = None,
     positions: torch.Tensor,
     lengths: torch.Tensor,
     last: torch.Tensor,
@@ -163,8 +164,10 @@ def decode_greedy(
 ) -> int:
     """Greedy decoding on ``graph``, a captured decode step whose last launch writes
     ``logits`` [B, V]: up to ``steps`` times, each sequence's token in ``last`` [B] (int64)
-    has its row of the embedding ``table`` copied into ``rows`` [B, H] (the step's input),
-    ``positions`` [B] (int64) and ``lengths`` [B] (int32, the cache's) move on by one, the
+    has its row of the embedding ``table`` copied into ``rows`` [B, H] (the step's input)
+    or, for a step that embeds its tokens itself, goes to ``ids`` [B] (int64; ``table``
+    then only bounds the ids: a table in any layout, [V, ...]); ``positions`` [B] (int64)
+    and ``lengths`` [B] (int32, the cache's) move on by one, the
     graph replays, and each row's first largest logit (``torch.argmax``'s pick) becomes its
     next token, in ``last`` and column s of ``tokens`` [B, >= steps]. With ``eos`` ids, a
     finished sequence (``unfinished`` [B], int64 0/1) gets ``pad`` and a token in ``eos``
@@ -177,6 +180,7 @@ def decode_greedy(
         logits,
         table,
         rows,
+        ids,
         positions,
         lengths,
         last,

@@ -12,7 +12,7 @@ import torch
 
 from tileops.backend import register_detector, register_kernel_builder
 from tileops.capture import Graph, decode_greedy
-from tileops.ops import AddFwdOp
+from tileops.ops import AddFwdOp, EmbeddingGgufFwdOp
 
 BF = torch.bfloat16
 TARGET = "fake"
@@ -154,6 +154,58 @@ def test_it_pads_a_finished_sequence_and_stops_once_all_have_finished():
     tokens = torch.full((2, 4), -1)  # a sequence that came in finished gets the pad token from its first step
     assert _decode(_walk(table, [1, 6]), 4, tokens, torch.tensor([0, 1]), [9], pad) == 3
     assert tokens[:, :3].tolist() == [[pad, pad, pad], [7, 8, 9]]
+
+
+def test_a_step_that_embeds_its_tokens_itself_gets_their_ids():
+    """ids= instead of rows=: the token goes into the step's input ids, and the table (here
+    the F32 blocks the step looks rows up in) only bounds the ids."""
+    register_kernel_builder(
+        "EmbeddingGgufFwdOp",
+        TARGET,
+        lambda ids, weight, *, ggml_type, out_dtype: lambda ids, weight: weight.view(torch.float32)[ids].to(BF),
+    )
+    gen = torch.Generator().manual_seed(6)
+    vocab = 40
+    dense = torch.randn(vocab, vocab, generator=gen)
+    blocks = dense.view(torch.uint8)  # F32 rows of 4-byte blocks
+    lookup = EmbeddingGgufFwdOp("F32", "bfloat16", target=TARGET)
+    ids = torch.tensor([4, 17])
+    lookup(ids, blocks)  # built outside the capture
+    graph = Graph()
+    with graph.capture():
+        logits = lookup(ids, blocks)
+    positions = torch.tensor([3, 9])
+    tokens = torch.full((2, 6), -1)
+    args = dict(logits=logits, table=blocks, positions=positions, lengths=positions.to(torch.int32), eos=[], pad=0)
+    steps = decode_greedy(
+        graph, 6, **args, ids=ids, last=torch.tensor([4, 17]), tokens=tokens, unfinished=torch.ones(2, dtype=torch.long)
+    )
+    assert steps == 6
+    table = dense.to(BF)
+    assert tokens.tolist() == [_walked(table, 4, 6), _walked(table, 17, 6)]
+    assert ids.tolist() == tokens[:, 4].tolist()  # the input of the last step run
+    assert positions.tolist() == [9, 15]
+    with pytest.raises(ValueError, match="give the step's input rows or its input ids, one of the two"):
+        decode_greedy(
+            graph,
+            1,
+            **args,
+            ids=ids,
+            rows=torch.zeros(2, vocab, dtype=BF),
+            last=torch.tensor([1, 2]),
+            tokens=tokens,
+            unfinished=torch.ones(2, dtype=torch.long),
+        )
+    with pytest.raises(ValueError, match=re.escape("ids must be int64 [2], got torch.int32 [2]")):
+        decode_greedy(
+            graph,
+            1,
+            **args,
+            ids=ids.int(),
+            last=torch.tensor([1, 2]),
+            tokens=tokens,
+            unfinished=torch.ones(2, dtype=torch.long),
+        )
 
 
 def test_it_refuses_what_it_cannot_read_naming_it():
