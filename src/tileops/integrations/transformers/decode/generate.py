@@ -163,8 +163,9 @@ def _not_served(
             f"{type(model).__name__}.prepare_inputs_for_generation recomputes the cache"
         )
     embed = model.get_input_embeddings()
-    if type(embed) is not nn.Embedding or embed._forward_hooks or embed._forward_pre_hooks:
-        return "an input embedding other than a plain nn.Embedding"
+    plain = type(embed) is nn.Embedding or model._tileops.fused.step_embeds
+    if not plain or embed._forward_hooks or embed._forward_pre_hooks:
+        return "an input embedding other than a plain nn.Embedding or a served GgufEmbedding"
     if model._tileops.head.out_features > embed.num_embeddings:
         return "more logits than embedding rows"
     fused = model._tileops.fused
@@ -284,7 +285,9 @@ def _replay_rest(
     if rec is None or steps < 1:
         return None
     step = cache.step
-    rows, positions = rec.inputs
+    rows, positions = rec.inputs  # rows: the step's embeddings, or its ids where it embeds them
+    embed = model.get_input_embeddings()
+    ids = rows if rows.ndim == 1 else None
     max_position = st.fused.layers[0].self_attn._tileops.positions.max_position
     if int(positions.max()) + steps >= max_position:
         return None
@@ -294,8 +297,9 @@ def _replay_rest(
         rec.graph,
         steps,
         logits=rec.output,
-        table=model.get_input_embeddings().weight,
-        rows=rows,
+        table=embed.weight if ids is None else embed.weight_blocks,
+        rows=None if ids is not None else rows,
+        ids=ids,
         positions=positions,
         lengths=step.cache_seqlens,
         last=last.contiguous(),

@@ -13,9 +13,10 @@ capturing. So a decode step here is:
 
 - a step at a new batch, cache or pool runs the loop as usual (its kernels are built);
 - the next step runs the loop while the graph captures, on inputs this integration owns:
-  copies of the step's embeddings and positions; the cache updates its lengths and block
-  table in place (``TileopsCache._begin``);
-- every later step copies its embeddings and positions into those, does the cache's
+  copies of the step's embeddings (or of its token ids, where the model's embedding is a
+  served op: ``FusedModel.step_embeds``, the lookup then captured too) and positions; the
+  cache updates its lengths and block table in place (``TileopsCache._begin``);
+- every later step copies its embeddings or ids and positions into those, does the cache's
   bookkeeping (``begin_forward``, ``layers_ran``) and replays the graph, whose last norm
   writes the step's output (returned as a copy: the next replay overwrites it); or, for a
   causal LM's step served whole (``FusedModel.decode_logits``), whose LM head's GEMM
@@ -50,7 +51,7 @@ from torch import nn
 from tileops.capture import CaptureError, Graph
 
 from ..cache import TileopsCache
-from ..fused.forwards import linear_rows
+from ..fused.forwards import embedding_rows, linear_rows
 
 __all__ = ["DecodeReplay", "Recording", "replay_wanted"]
 
@@ -72,7 +73,7 @@ class Recording:
             inputs,
             output,
             key,
-        )  # inputs: (embeddings rows, positions)
+        )  # inputs: (embeddings rows [B, hidden] or token ids [B], positions)
         self.cache = weakref.ref(cache, self._cache_gone)  # the graph holds its pools: let them go with it
 
     def serves(self, cache: Any, key: tuple) -> bool:
@@ -116,7 +117,8 @@ class DecodeReplay:
     def step(
         self, cache: Any, rows: torch.Tensor, pos: torch.Tensor, masks: list, batch: int, head: nn.Linear | None = None
     ) -> torch.Tensor:
-        """One decode step: rows ``[B, hidden]`` (embeddings), pos ``[B]`` -> ``[B, hidden]``;
+        """One decode step: rows ``[B, hidden]`` (embeddings; or ids ``[B]`` where the model's
+        embedding is served), pos ``[B]`` -> ``[B, hidden]``;
         with ``head`` (the causal LM's served output projection, ``planning/enable.py``), its logits
         ``[B, vocab]``, the head's GEMM captured with the layers."""
         self._local.last = None  # until this step runs through a graph
@@ -161,6 +163,8 @@ class DecodeReplay:
     def _forward(
         self, rows: torch.Tensor, pos: torch.Tensor, masks: list, cache: Any, batch: int, head: nn.Linear | None
     ) -> torch.Tensor:
+        if rows.ndim == 1:  # token ids: the served embedding's lookup is part of the step
+            rows = embedding_rows(self.fused.base.embed_tokens, rows)
         x = self.fused.layers_forward(rows, pos, masks, cache, batch, 1)
         return x if head is None else linear_rows(head, x)
 

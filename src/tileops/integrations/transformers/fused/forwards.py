@@ -21,6 +21,8 @@ from .fusion import norm_weight
 __all__ = [
     "linear_forward",
     "linear_rows",
+    "embedding_forward",
+    "embedding_rows",
     "rmsnorm_forward",
     "mlp_forward",
     "mlp_rows",
@@ -37,8 +39,17 @@ def linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def linear_rows(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st = self._tileops
-    y = st.gemm(x, self.weight)
+    y = st.gemm(x, getattr(self, st.weight_attr))
     return y if self.bias is None else st.add(y, self.bias)
+
+
+def embedding_forward(self: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """A GgufEmbedding's rows ``[*ids.shape, dim]``, looked up in its blocks."""
+    return embedding_rows(self, ids.reshape(-1)).view(*ids.shape, -1)
+
+
+def embedding_rows(self: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return self._tileops.lookup(ids, self.weight_blocks)
 
 
 def rmsnorm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ from torch import nn
 
 from tileops.serving.host_memory import on_huge_pages
 
+from ..gguf import GgufLinear
+
 __all__ = [
     "StackedLinear",
     "ResidualJoin",
@@ -37,6 +39,11 @@ __all__ = [
     "norm_eps",
     "layer_forward",
 ]
+
+
+def weight_attr(linear: nn.Module) -> str:
+    """The attribute holding a served Linear's weight: ``weight``, or a GgufLinear's blocks."""
+    return "weight_blocks" if isinstance(linear, GgufLinear) else "weight"
 
 
 class StackedLinear:
@@ -53,14 +60,15 @@ class StackedLinear:
         self.linears, self.gemm, self.add = linears, gemm, add
         self.owned = sizes is None
         self.sizes = [m.out_features for m in linears] if sizes is None else sizes
-        self.weight: torch.Tensor | None = None if self.owned else linears[0].weight
+        self.weight: torch.Tensor | None = None if self.owned else getattr(linears[0], weight_attr(linears[0]))
         self.bias: torch.Tensor | None = None if self.owned else linears[0].bias
 
     def apply(self) -> None:
         with torch.no_grad():
-            self.weight = on_huge_pages(torch.cat([m.weight.detach() for m in self.linears]))
+            attr = weight_attr(self.linears[0])  # rows of GGML blocks stack as rows do
+            self.weight = on_huge_pages(torch.cat([getattr(m, attr).detach() for m in self.linears]))
             for m, view in zip(self.linears, self.weight.split(self.sizes)):
-                m.weight.data = view
+                getattr(m, attr).data = view
             if self.linears[0].bias is not None:
                 self.bias = torch.cat([m.bias.detach() for m in self.linears])
                 for m, view in zip(self.linears, self.bias.split(self.sizes)):
@@ -70,7 +78,8 @@ class StackedLinear:
         """Every parameter gets its own storage again (a copy of its rows)."""
         with torch.no_grad():
             for m in self.linears:
-                m.weight.data = m.weight.data.clone()
+                w = getattr(m, weight_attr(m))
+                w.data = w.data.clone()
                 if m.bias is not None:
                     m.bias.data = m.bias.data.clone()
         self.weight = self.bias = None

@@ -77,6 +77,9 @@ class FusedModel:
             joins  # per layer: its output's residual add and the norm that reads it (the next layer's or the final)
         )
         self.embedding_multiplier = float(getattr(base, "embedding_multiplier", 1.0))  # Granite's
+        # a served embedding (GgufEmbedding's op) unscaled: a replayed decode step embeds its
+        # token ids itself, so its input is the ids (decode/replay.py)
+        self.step_embeds = "_tileops" in base.embed_tokens.__dict__ and self.embedding_multiplier == 1.0
         self.output = output_class(base)
         self.cache_field = cache_field(self.output)
         self.submodules = list(base.modules())  # whose hooks send a call to transformers' forward
@@ -108,8 +111,9 @@ class FusedModel:
         return all(m is None or isinstance(m, torch.Tensor) and m.ndim == 2 for m in masks)
 
     def forward(self, cache: Any, return_dict: bool | None = None, **kwargs: Any):
-        rows, pos, masks, batch, q_len = self._inputs(cache, **kwargs)
-        if q_len == 1 and self.replay is not None and cache is not None:  # a decode step
+        replayed = self.replay is not None and cache is not None  # where a step is a decode step
+        rows, pos, masks, batch, q_len = self._inputs(cache, replayed, **kwargs)
+        if q_len == 1 and replayed:  # a decode step
             x = self.replay.step(cache, rows, pos, masks, batch)
         else:
             x = self.layers_forward(rows.contiguous(), pos, masks, cache, batch, q_len)
@@ -143,12 +147,13 @@ class FusedModel:
             or not self.accepts(kw)
         ):
             return None
-        rows, pos, masks, batch, _ = self._inputs(cache, **kw)
+        rows, pos, masks, batch, _ = self._inputs(cache, True, **kw)
         return self.replay.step(cache, rows, pos, masks, batch, head).view(batch, 1, -1), cache
 
     def _inputs(
         self,
         cache: Any,
+        for_replay: bool,
         input_ids: torch.Tensor | None = None,
         attention_mask: Any = None,
         position_ids: torch.Tensor | None = None,
@@ -157,24 +162,30 @@ class FusedModel:
         **_flags: Any,
     ):
         """(rows ``[B * S, hidden]`` of the embeddings, positions ``[B * S]``, each layer's
-        padding mask, B, S)."""
+        padding mask, B, S). ``for_replay``: a decode step that embeds its ids itself
+        (``step_embeds``) gets its ids ``[B]`` in place of the rows."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        h = self.base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        if self.embedding_multiplier != 1.0:
-            h = h * self.embedding_multiplier
+        given = input_ids if inputs_embeds is None else inputs_embeds
+        batch, q_len = given.shape[:2]
+        if for_replay and q_len == 1 and inputs_embeds is None and self.step_embeds:
+            h = input_ids.reshape(batch).contiguous()
+        else:
+            h = self.base.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+            if self.embedding_multiplier != 1.0:
+                h = h * self.embedding_multiplier
+            h = h.reshape(batch * q_len, -1)
         if position_ids is None:
             if cache_position is not None:
                 position_ids = cache_position.unsqueeze(0)
             else:
                 past = cache.get_seq_length() if cache is not None else 0
-                position_ids = (torch.arange(h.shape[1], device=h.device) + past).unsqueeze(0)
-        batch, q_len = h.shape[:2]
+                position_ids = (torch.arange(q_len, device=given.device) + past).unsqueeze(0)
         masks = self._masks(attention_mask, q_len)
         attn = self.layers[0].self_attn
         attn._tileops.positions.new_forward()
         pos = positions_of(attn, position_ids, batch, q_len)  # one check for all layers
-        return h.reshape(batch * q_len, -1), pos, masks, batch, q_len
+        return h, pos, masks, batch, q_len
 
     def layers_forward(
         self,

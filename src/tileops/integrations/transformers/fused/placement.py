@@ -24,7 +24,7 @@ from .fusion import stacked_members
 __all__ = ["place_weights", "undo_placement"]
 
 
-def place_weights(model: nn.Module, patches: list[tuple[nn.Module, str, Any, Any]]) -> list[nn.Parameter]:
+def place_weights(model: nn.Module, patches: list[tuple[nn.Module, str, Any, Any]]) -> list[torch.Tensor]:
     """Moves the served weights; returns the parameters moved (for ``undo_placement``)."""
     if not huge_pages_available():
         return []
@@ -32,7 +32,7 @@ def place_weights(model: nn.Module, patches: list[tuple[nn.Module, str, Any, Any
     params: list[nn.Parameter] = []
     for module, kind, _state, _forward in patches:
         if kind == "linear" and id(module) not in stacked:
-            params.append(module.weight)
+            params.append(getattr(module, module._tileops.weight_attr))
         elif kind == "moe experts":
             params.extend(p for p in module.parameters(recurse=False) if p.ndim >= 2)
     moved: list[nn.Parameter] = []

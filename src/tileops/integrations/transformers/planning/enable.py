@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from tileops.quant import ggml_blocks
 from tileops.serving.host_memory import huge_pages_available
 
 from .. import attention, moe
@@ -27,6 +28,7 @@ from ..decode import generate
 from ..decode.causal_lm import PLAIN_CAUSAL_LMS, causal_lm_forward_like
 from ..fused import fusion, placement
 from ..fused.model import base_model_forward, output_class, plan_fused_model
+from ..gguf import GgufLinear
 from .fusions import plan_fusions
 from .model import plan_model
 from .plan import Plan
@@ -36,14 +38,30 @@ from .state import BaseModelState, CausalLMState
 __all__ = ["disable", "enable"]
 
 
-def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) -> EnableReport:
+# enable's weights=: the GGML block type each served Linear's weight is quantized to
+WEIGHT_FORMATS = {"int8": "Q8_0"}  # 32 int8 and one float16 scale per block: symmetric, per 32 weights
+
+
+def enable(
+    model: nn.Module, *, target: str | None = None, strict: bool = True, weights: str | None = None
+) -> EnableReport:
     """Runs ``model``'s forward path on tileops ops; returns what was replaced.
 
     ``target=`` picks the backend for every op (the protocol's normal choice otherwise).
     Raises ``UnsupportedModelError`` for anything that cannot be served exactly, naming
     the module, the feature and the config value; ``strict=False`` keeps those on torch
-    and lists them in the report instead. Revert with ``disable(model)``."""
+    and lists them in the report instead. ``weights="int8"`` quantizes each served
+    Linear's weight once to Q8_0 blocks (a ``GgufLinear`` in its place, served by
+    ``GemmGgufFwdOp``); the original modules are kept for ``disable``. Revert with
+    ``disable(model)``."""
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise ValueError(f"enable: weights must be None or one of {sorted(WEIGHT_FORMATS)}, got {weights!r}")
     plan = plan_model(model, strict, target)
+    swapped: list[tuple[str, nn.Module]] = []
+    if weights is not None:
+        swapped = _quantize_linears(model, plan, WEIGHT_FORMATS[weights])
+        plan = plan_model(model, strict, target)
+        plan.report.replaced[f"{weights} weights ({WEIGHT_FORMATS[weights]} blocks)"] = [n for n, _ in swapped]
     plan_fusions(model, plan, target)
     attention.register()
     moe.register()
@@ -56,6 +74,7 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         "attn": model.config._attn_implementation,
         "experts": [],
         "placed": placement.place_weights(model, plan.patches),
+        "swapped": swapped,
     }
     if huge_pages_available():
         weights = [p.data for p in saved["placed"]] + [
@@ -70,6 +89,19 @@ def enable(model: nn.Module, *, target: str | None = None, strict: bool = True) 
         _serve_the_model_forward(model, plan, target, saved)
     model._tileops_enabled = saved
     return plan.report
+
+
+def _quantize_linears(model: nn.Module, plan: Plan, ggml_type: str) -> list[tuple[str, nn.Module]]:
+    """Each Linear ``plan`` serves, swapped for a GgufLinear of its weight in ``ggml_type``
+    blocks (where its rows are whole blocks); returns (name, the original) per swap."""
+    block = ggml_blocks.ggml_type(ggml_type).block_size
+    swapped = []
+    for patch in plan.served("linear"):
+        module, name = patch.module, patch.state.name
+        if type(module) is nn.Linear and module.in_features % block == 0:
+            model.set_submodule(name, GgufLinear.quantized(module, ggml_type))
+            swapped.append((name, module))
+    return swapped
 
 
 def _serve_the_model_forward(model: nn.Module, plan: Plan, target: str | None, saved: dict[str, Any]) -> None:
@@ -131,6 +163,8 @@ def disable(model: nn.Module) -> None:
             del module._tileops
             module.__dict__.pop("forward", None)
             module.__dict__.pop("generate", None)
+    for name, original in reversed(saved["swapped"]):
+        model.set_submodule(name, original)
     model.config._attn_implementation = saved["attn"]
     for config, experts_implementation in reversed(saved["experts"]):
         config._experts_implementation = experts_implementation

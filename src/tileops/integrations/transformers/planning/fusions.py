@@ -10,7 +10,8 @@ from typing import Any
 
 from torch import nn
 
-from ..fused.fusion import ResidualJoin, StackedLinear, layer_forward
+from ..fused.fusion import ResidualJoin, StackedLinear, layer_forward, weight_attr
+from ..gguf import GgufLinear
 from .plan import Plan
 from .state import LayerState
 
@@ -42,12 +43,18 @@ _NORM_NAMES = {n for layout in _LAYOUTS.values() for n in vars(layout).values() 
 
 
 def _stackable(linears: list[Any], served: dict[int, str]) -> bool:
-    if not all(type(m) is nn.Linear and served.get(id(m)) == "linear" for m in linears):
+    """Served Linears of one kind that read one input: plain ones of one dtype, or
+    GgufLinears of one block type (rows of blocks stack as rows do)."""
+    kind = type(linears[0]) if linears[0] is not None else None
+    if kind not in (nn.Linear, GgufLinear) or not all(
+        type(m) is kind and served.get(id(m)) == "linear" for m in linears
+    ):
         return False
-    first = linears[0].weight
+    first = getattr(linears[0], weight_attr(linears[0]))
     return all(
-        m.weight.dtype == first.dtype
-        and m.weight.device == first.device
+        getattr(m, weight_attr(m)).dtype == first.dtype
+        and getattr(m, weight_attr(m)).device == first.device
+        and getattr(m, "ggml_type", None) == getattr(linears[0], "ggml_type", None)
         and m.in_features == linears[0].in_features
         and (m.bias is None) == (linears[0].bias is None)
         for m in linears
@@ -59,7 +66,12 @@ def plan_fusions(model: nn.Module, plan: Plan, target: str | None) -> None:
     ops = plan.ops
     states = {id(p.module): (p.kind, p.state) for p in plan.patches}
     served = {k: v[0] for k, v in states.items()}
-    gemm = lambda: ops.GemmFwdOp(False, True, target=target)  # noqa: E731
+
+    def gemm(linear: nn.Module) -> Any:  # the GEMM of a stack whose first projection is ``linear``
+        if isinstance(linear, GgufLinear):
+            return ops.GemmGgufFwdOp(linear.ggml_type, target=target)
+        return ops.GemmFwdOp(False, True, target=target)
+
     for name, module in model.named_modules():
         kind, state = states.get(id(module), (None, None))
         if kind == "attention":
@@ -117,11 +129,13 @@ def _stacked(
     that the checkpoint stacks already (with ``sizes(module)``), where served; else None."""
     stacked = getattr(module, together, None)
     if stacked is not None:
-        if type(stacked) is not nn.Linear or served.get(id(stacked)) != "linear":
+        if type(stacked) not in (nn.Linear, GgufLinear) or served.get(id(stacked)) != "linear":
             return None
-        return StackedLinear([stacked], gemm(), ops.AddFwdOp(target=target), sizes=sizes(module))
+        return StackedLinear([stacked], gemm(stacked), ops.AddFwdOp(target=target), sizes=sizes(module))
     linears = [getattr(module, p, None) for p in apart]
-    return StackedLinear(linears, gemm(), ops.AddFwdOp(target=target)) if _stackable(linears, served) else None
+    if not _stackable(linears, served):
+        return None
+    return StackedLinear(linears, gemm(linears[0]), ops.AddFwdOp(target=target))
 
 
 def _qkv_sizes(attention: nn.Module) -> list[int]:

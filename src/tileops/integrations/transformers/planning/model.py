@@ -13,12 +13,13 @@ import torch
 from torch import nn
 
 from ..fused import forwards
-from ..fused.fusion import norm_eps
+from ..fused.fusion import norm_eps, weight_attr
+from ..gguf import GgufEmbedding, GgufLinear
 from .attention import plan_attention
 from .moe import plan_moe
 from .plan import Plan
 from .report import UnsupportedModelError
-from .state import LinearState, MlpState, NormState
+from .state import EmbeddingState, LinearState, MlpState, NormState
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "plan_model"]
 
@@ -99,6 +100,31 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
                     has_bias=module.bias is not None,
                 ),
             )
+        elif type(module) is GgufLinear:  # a GGUF checkpoint's matrix kept in its blocks (..gguf)
+            plan.add(
+                "linear",
+                module,
+                forwards.linear_forward,
+                LinearState(
+                    name,
+                    gemm=ops.GemmGgufFwdOp(module.ggml_type, target=target),
+                    add=ops.AddFwdOp(target=target),
+                    has_bias=module.bias is not None,
+                    weight_attr=weight_attr(module),
+                ),
+            )
+        elif type(module) is GgufEmbedding:
+            plan.add(
+                "embedding",
+                module,
+                forwards.embedding_forward,
+                EmbeddingState(
+                    name,
+                    lookup=ops.EmbeddingGgufFwdOp(
+                        module.ggml_type, str(module.dtype).removeprefix("torch."), target=target
+                    ),
+                ),
+            )
         elif cls.endswith("RMSNorm"):
             if cls not in _RMSNORMS:
                 plan.refuse(name, f"{cls}", "an RMSNorm class whose weight convention tileops does not know")
@@ -138,7 +164,8 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
         plan.report.on_torch.append(
             ("lm_head", "final logit softcapping", f"{config.final_logit_softcapping} (torch.tanh)")
         )
-    plan.report.on_torch.append(("embed_tokens", "embedding lookup", "no tileops op"))
+    if not isinstance(model.get_input_embeddings(), GgufEmbedding):
+        plan.report.on_torch.append(("embed_tokens", "embedding lookup", "torch's: a row copy, no tileops op"))
     plan.report.on_torch.append(
         (
             "decoder layers",

@@ -21,6 +21,7 @@ __all__ = [
     "OpMemo",
     "ModuleState",
     "LinearState",
+    "EmbeddingState",
     "NormState",
     "MlpState",
     "AttentionState",
@@ -87,12 +88,20 @@ def _ops_in(value: Any) -> Iterator[Any]:
 
 @dataclass
 class LinearState(ModuleState):
-    gemm: Any
+    gemm: Any  # GemmFwdOp, or GemmGgufFwdOp over a GgufLinear's blocks
     add: Any  # adds its bias
     has_bias: bool
+    weight_attr: str = "weight"  # the module's attribute the GEMM reads: a GgufLinear's is "weight_blocks"
 
     def op_names(self) -> list[str]:
-        return ["GemmFwdOp"] + (["AddFwdOp"] if self.has_bias else [])
+        return [type(self.gemm).__name__] + (["AddFwdOp"] if self.has_bias else [])
+
+
+@dataclass
+class EmbeddingState(ModuleState):
+    """A GgufEmbedding's: its rows looked up in the blocks by ``EmbeddingGgufFwdOp``."""
+
+    lookup: Any
 
 
 @dataclass
