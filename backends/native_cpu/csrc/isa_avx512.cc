@@ -8,6 +8,7 @@
 namespace tnc::isa_avx512 {
 #include "simd_avx512.h"
 #include "kernels/families.h"
+#include "kernels/gemm_quant_x86.h"
 #include "kernels/attention_avx512_bf16.h"
 #include "kernels/gemm_avx512_bf16.h"
 #include "kernels/gemm_avx512_bf16_nt.h"
@@ -16,6 +17,7 @@ namespace tnc::isa_avx512 {
 
 void tnc::register_kernels_avx512(KernelTable& table) {
   isa_avx512::register_families(table);
+  isa_avx512::register_quant_x86(table);
   isa_avx512::register_attention_avx512_bf16(table);
   isa_avx512::register_gemm_avx512_bf16(table);
   isa_avx512::register_moe_avx512_bf16(table);

@@ -117,6 +117,7 @@ NB_MODULE(_C, m) {
   bind_norm(m);
   bind_reduction(m);
   bind_probe(m);
+  bind_quant(m);
   bind_rope(m);
   bind_softmax(m);
 }

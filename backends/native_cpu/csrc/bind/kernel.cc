@@ -20,7 +20,8 @@ IsaBuild pick_build() {
   __builtin_cpu_init();
 #if defined(TNC_HAVE_AVX512_KERNELS)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+                      __builtin_cpu_supports("avx512vnni");
   const IsaBuild avx512_build{"avx512", register_kernels_avx512};
 #else
   const bool avx512 = false;  // built without it (TNC_AVX512=OFF), so never picked

@@ -83,6 +83,7 @@ void bind_moe(nb::module_& m);
 void bind_norm(nb::module_& m);
 void bind_reduction(nb::module_& m);
 void bind_probe(nb::module_& m);
+void bind_quant(nb::module_& m);
 void bind_rope(nb::module_& m);
 void bind_softmax(nb::module_& m);
 

@@ -15,6 +15,8 @@
 #include "kernels/gemm.h"
 #include "kernels/attention.h"
 #include "kernels/moe.h"
+#include "kernels/quant_blocks.h"
+#include "kernels/gemm_quant.h"
 
 inline void register_families(tnc::KernelTable& t) {
   register_norm(t);
@@ -25,4 +27,5 @@ inline void register_families(tnc::KernelTable& t) {
   register_gemm(t);
   register_attention(t);
   register_moe(t);
+  register_quant(t);
 }

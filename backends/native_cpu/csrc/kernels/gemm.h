@@ -66,17 +66,18 @@ inline void for_each_product(int64_t batch, int threads, One one) {
   for (int64_t bi = 0; bi < batch; ++bi) one(bi, threads);
 }
 
-// Product bi of a batched GEMM (g.batch of them), on `threads` threads.
-template <class T>
-void gemm_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
+// The blocked product D = A B on `threads` threads, A and D of T (A strided as g says, D
+// rows contiguous with g.n columns), B given by pack_panel(dst, col0, cols, pc, kc), which
+// writes the float panel of result columns [col0, col0 + cols) (cols <= kNR) over K
+// [pc, pc + kc): dst[kk * kNR + j], zeros for j >= cols. (B strided: gemm_product; B as
+// quantized blocks: the quant family's prefill, kernels/gemm_quant.h.)
+template <class T, class PackPanel>
+void gemm_blocked(const tnc::GemmArgs& g, const T* A, T* D, int threads, PackPanel pack_panel) {
   const int64_t m = g.m, n = g.n, k = g.k;
   const int64_t nc_max = std::min(kNC, (n + kNR - 1) / kNR * kNR);
   const int64_t mcb = std::clamp<int64_t>((m + 2 * threads - 1) / (2 * threads) + kMR - 1, kMR, kMC) / kMR * kMR;
   float* bpack = scratch(static_cast<size_t>(kKC * nc_max), 2);
   float* cacc = scratch(static_cast<size_t>(m * nc_max), 3);
-  const T* A = static_cast<const T*>(g.a) + bi * g.a_batch;
-  const T* B = static_cast<const T*>(g.b) + bi * g.b_batch;
-  T* D = static_cast<T*>(g.d) + bi * g.d_batch;
   for (int64_t jc = 0; jc < n; jc += kNC) {
     const int64_t nc = std::min(kNC, n - jc);
     const int64_t panels = (nc + kNR - 1) / kNR;
@@ -89,18 +90,8 @@ void gemm_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
       const int64_t kc = std::min(kKC, k - pc);
       const bool first = pc == 0, last = pc + kc >= k;
       tnc::parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-          float* dst = bpack + p * kc * kNR;
-          for (int64_t j = 0; j < kNR; ++j) {
-            const int64_t col = jc + p * kNR + j;
-            if (col >= jc + nc) {
-              for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.f;
-              continue;
-            }
-            const T* src = B + col * g.b_col + pc * g.b_row;
-            for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = tnc::to_float(src[kk * g.b_row]);
-          }
-        }
+        for (int64_t p = p0; p < p1; ++p)
+          pack_panel(bpack + p * kc * kNR, jc + p * kNR, std::min<int64_t>(kNR, nc - p * kNR), pc, kc);
       });
       const int64_t mblocks = (m + mcb - 1) / mcb;
       tnc::parallel_for(mblocks, 1, threads, [&](int64_t b0, int64_t b1) {
@@ -138,6 +129,24 @@ void gemm_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
       });
     }
   }
+}
+
+// Product bi of a batched GEMM (g.batch of them), on `threads` threads.
+template <class T>
+void gemm_product(const tnc::GemmArgs& g, int64_t bi, int threads) {
+  const T* A = static_cast<const T*>(g.a) + bi * g.a_batch;
+  const T* B = static_cast<const T*>(g.b) + bi * g.b_batch;
+  T* D = static_cast<T*>(g.d) + bi * g.d_batch;
+  gemm_blocked(g, A, D, threads, [&](float* dst, int64_t col0, int64_t cols, int64_t pc, int64_t kc) {
+    for (int64_t j = 0; j < kNR; ++j) {
+      if (j >= cols) {
+        for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = 0.f;
+        continue;
+      }
+      const T* src = B + (col0 + j) * g.b_col + pc * g.b_row;
+      for (int64_t kk = 0; kk < kc; ++kk) dst[kk * kNR + j] = tnc::to_float(src[kk * g.b_row]);
+    }
+  });
 }
 
 template <class T>

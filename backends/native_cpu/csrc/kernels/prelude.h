@@ -21,6 +21,7 @@
 #include "kernels/gemm_args.h"
 #include "kernels/moe_args.h"
 #include "kernels/norm_args.h"
+#include "kernels/quant_args.h"
 #include "kernels/reduction_args.h"
 #include "kernels/rope_args.h"
 #include "kernels/softmax_args.h"

@@ -54,6 +54,7 @@ from .factories.norm import (
     layer_norm,
     rms_norm,
 )
+from .factories.quant import embedding_gguf, gemm_gguf, gemm_w4a16
 from .factories.reduction import reduction
 from .factories.rope import rope, rope_position_ids
 from .factories.softmax import softmax
@@ -118,6 +119,9 @@ _TABLE: dict[str, Factory] = {
     "GroupedQueryAttentionSlidingWindowVarlenFwdOp": attention(HALVES, form="varlen_window"),
     "FusedTopKOp": fused_topk(FLOATS),
     "FusedMoeFwdOp": fused_moe(HALVES),
+    "GemmGgufFwdOp": gemm_gguf(FLOATS),
+    "GemmW4A16FwdOp": gemm_w4a16(FLOATS),
+    "EmbeddingGgufFwdOp": embedding_gguf(),
 }
 
 
@@ -160,3 +164,6 @@ build_gqa = BUILDERS["GroupedQueryAttentionFwdOp"]
 build_gqa_decode = BUILDERS["GroupedQueryAttentionDecodeWithKVCacheFwdOp"]
 build_fused_topk = BUILDERS["FusedTopKOp"]
 build_fused_moe = BUILDERS["FusedMoeFwdOp"]
+build_gemm_gguf = BUILDERS["GemmGgufFwdOp"]
+build_gemm_w4a16 = BUILDERS["GemmW4A16FwdOp"]
+build_embedding_gguf = BUILDERS["EmbeddingGgufFwdOp"]

@@ -12,5 +12,6 @@ of the extension's enums (``_C.RowNorm``, ``_C.ReduceOp``, ``_C.Activation``, ..
     rope         RoPE at positions 0..S-1 or at position ids, plain or scaled
     attention    every grouped-query attention op
     moe          the router and the MoE block
+    quant        GEMMs over GGUF blocks and 4-bit groups, the GGUF embedding
     common       the Builder and Factory types
 """
