@@ -94,6 +94,7 @@ struct GemmGgufKernel final : Kernel {
 struct GemmW4A16Kernel final : Kernel {
   int64_t group;
   KernelFn<GemmW4A16Args> run;
+  KernelFn<GemmArgs> gemm;
   PyObject* call(PyObject* const* args, Py_ssize_t nargs) override {
     if (!expect_args(*this, nargs, 4)) return nullptr;
     TensorView x, w, s, z;
@@ -129,6 +130,7 @@ struct GemmW4A16Kernel final : Kernel {
     g.k = k;
     g.n = w.shape[0];
     g.group = group;
+    g.gemm = gemm;
     const int64_t shape[2] = {g.m, g.n};
     PyObject* out = new_tensor(2, shape, dtype, &g.d);
     if (out == nullptr) return nullptr;
@@ -203,6 +205,7 @@ void bind_quant(nb::module_& m) {
     auto k = std::make_unique<GemmW4A16Kernel>();
     k->group = group;
     k->run = require_kernel<GemmW4A16Args>("gemm_w4a16", dtype);
+    k->gemm = require_kernel<GemmArgs>("gemm", dtype);
     return finish(std::move(k), dtype, threads, d);
   });
   m.def("embedding_gguf", [](DType dtype, int type, int threads, const std::string& d) {

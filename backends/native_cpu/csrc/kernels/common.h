@@ -188,7 +188,7 @@ constexpr bool kHalfT = !std::is_same_v<T, float>;
 
 // A thread's scratch floats; grows, never shrinks, never shared.
 inline float* scratch(size_t count, int slot = 0) {
-  thread_local std::vector<float> buffers[4];
+  thread_local std::vector<float> buffers[6];  // slots 4-5: the quant family's prefill
   std::vector<float>& b = buffers[slot];
   if (b.size() < count) b.resize(count + 64);
   return b.data();

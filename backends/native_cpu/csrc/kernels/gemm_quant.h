@@ -221,12 +221,58 @@ struct W4Deq {
   }
 };
 
-// The prefill of a build: its panel GEMM over dequantized weights. The AVX-512 BF16 build
-// defines its own (kernels/gemm_quant_avx512_bf16.h) and passes it to the entries below.
+// The prefill of a build: its panel GEMM over dequantized weights, in float32.
 struct BlockedPrefill {
   template <class T, class Deq>
-  static void run(const T* A, int64_t m, int64_t k, T* D, int64_t n, const Deq& deq, int threads) {
+  static void run(const T* A, int64_t m, int64_t k, T* D, int64_t n, const Deq& deq, tnc::KernelFn<tnc::GemmArgs>,
+                  int threads) {
     dequant_gemm_blocked(A, m, k, D, n, deq, threads);
+  }
+};
+
+// The prefill of builds whose bfloat16 GEMM outruns float32 FMAs (AVX-512 BF16's
+// vdpbf16ps, twice the rate): bfloat16 activations meet weights dequantized to bfloat16
+// (the one extra rounding, as a bfloat16 checkpoint has) a chunk of rows at a time, in the
+// table's GEMM; a chunk's columns are then copied into place. Other dtypes: BlockedPrefill.
+struct Bf16TablePrefill {
+  template <class T, class Deq>
+  static void run(const T* A, int64_t m, int64_t k, T* D, int64_t n, const Deq& deq, tnc::KernelFn<tnc::GemmArgs> gemm,
+                  int threads) {
+    if constexpr (!std::is_same_v<T, bf16_t>) {
+      dequant_gemm_blocked(A, m, k, D, n, deq, threads);
+    } else {
+      // rows a chunk: about 2 MiB of bfloat16 weights, whole 64-row panels
+      const int64_t chunk = std::min(n, std::max<int64_t>(64, (int64_t{1} << 20) / k / 64 * 64));
+      T* wbuf = reinterpret_cast<T*>(scratch(static_cast<size_t>(chunk * k / 2 + W), 4));
+      T* obuf = chunk < n ? reinterpret_cast<T*>(scratch(static_cast<size_t>(m * chunk / 2 + W), 5)) : D;
+      for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        const int64_t nc = std::min(chunk, n - c0);
+        tnc::parallel_for(nc, 8, threads, [&](int64_t j0, int64_t j1) {
+          float* row = scratch(static_cast<size_t>(k + W), 0);  // (the caller's 4 and 5 hold wbuf, obuf)
+          for (int64_t j = j0; j < j1; ++j) {
+            deq(c0 + j, 0, k, row);
+            T* o = wbuf + j * k;
+            for (int64_t c = 0; c < k; c += W) storec(o + c, loadc(row + c, k - c), k - c);
+          }
+        });
+        tnc::GemmArgs ga{};
+        ga.a = A;
+        ga.b = wbuf;
+        ga.d = obuf;
+        ga.batch = 1;
+        ga.m = m;
+        ga.n = nc;
+        ga.k = k;
+        ga.a_row = k;
+        ga.a_col = 1;
+        ga.b_row = 1;
+        ga.b_col = k;
+        gemm(ga, threads);
+        if (obuf != D)
+          for (int64_t r = 0; r < m; ++r)
+            std::memcpy(D + r * n + c0, obuf + r * nc, static_cast<size_t>(nc) * sizeof(T));
+      }
+    }
   }
 };
 
@@ -260,12 +306,12 @@ void gemm_gguf(const tnc::GemmGgufArgs& g, int threads) {
     } else if (g.m <= kQuantDecodeMaxM) {
       dequant_gemv(A, g.m, g.k, D, g.n, deq, threads);
     } else {
-      Prefill::run(A, g.m, g.k, D, g.n, deq, threads);
+      Prefill::run(A, g.m, g.k, D, g.n, deq, g.gemm, threads);
     }
   } else if (g.m <= kQuantDecodeMaxM) {
     quant_gemv(A, g.m, g.k, D, g.n, g.row_bytes, Dec<G>{g.w, g.row_bytes, g.k}, threads);
   } else {
-    Prefill::run(A, g.m, g.k, D, g.n, deq, threads);
+    Prefill::run(A, g.m, g.k, D, g.n, deq, g.gemm, threads);
   }
 }
 
@@ -274,7 +320,7 @@ void gemm_w4a16(const tnc::GemmW4A16Args& g, int threads) {
   const T* A = static_cast<const T*>(g.a);
   T* D = static_cast<T*>(g.d);
   if (g.m > kQuantDecodeMaxM) {
-    Prefill::run(A, g.m, g.k, D, g.n, W4Deq{&g}, threads);
+    Prefill::run(A, g.m, g.k, D, g.n, W4Deq{&g}, g.gemm, threads);
   } else if (g.group % 32 == 0 && Dec::serves(g.group)) {
     quant_gemv(A, g.m, g.k, D, g.n, g.k / 2, Dec{&g}, threads);
   } else {

@@ -310,6 +310,10 @@ struct X86W4Dec {
   }
 };
 
-inline void register_quant_x86(tnc::KernelTable& t) {
-  register_quant_gemms<X86GgufDec, X86W4Dec, BlockedPrefill, true>(t);
-}
+#if defined(__AVX512BF16__)
+using X86Prefill = Bf16TablePrefill;
+#else
+using X86Prefill = BlockedPrefill;
+#endif
+
+inline void register_quant_x86(tnc::KernelTable& t) { register_quant_gemms<X86GgufDec, X86W4Dec, X86Prefill, true>(t); }

@@ -45,6 +45,7 @@ struct GemmW4A16Args {
   bool scale_f16;
   void* d;
   int64_t m, n, k, group;
+  KernelFn<GemmArgs> gemm;  // this table's GEMM of the kernel's dtype (the prefill's, where it has one)
 };
 
 // Rows ids[0, t) (int64 where ids_64, else int32; each in [0, vocab), checked by the
