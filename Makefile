@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo lint test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
+.PHONY: setup demo bench-quantized lint test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -54,6 +54,23 @@ $(DEMO_VENV)/.installed: $(VENV)/.tileops-installed $(BACKEND_SRC)
 
 demo: $(DEMO_VENV)/.installed $(MODEL_GGUF)
 	$(DEMO_VENV)/bin/python examples/demo.py
+
+# The GGUF file on tileops beside llama.cpp (benchmarks/quantized.py). llama-cpp-python is a
+# benchmark dependency only (tileops[bench-llama]), never a test's: it builds from source
+# for this CPU (GGML_NATIVE, about 10 minutes here) into an overlay of the demo venv, made
+# once and kept (an overlay reads its base's packages at run time, so a rebuilt demo venv
+# does not call for a new one). LLAMA_ARGS go to the benchmark (--help).
+LLAMA_VENV := .venv-llama
+LLAMA_CPP  := llama-cpp-python==0.3.36
+
+$(LLAMA_VENV)/.installed: | $(DEMO_VENV)/.installed
+	$(LLAMA_VENV)/bin/python -c "import llama_cpp" 2>/dev/null || { \
+	  rm -rf $(LLAMA_VENV) && \
+	  BASE_VENV=$(DEMO_VENV) CMAKE_ARGS="-DGGML_NATIVE=ON" tools/overlay_venv.sh $(LLAMA_VENV) $(LLAMA_CPP) diskcache; }
+	touch $@
+
+bench-quantized: $(DEMO_VENV)/.installed $(LLAMA_VENV)/.installed $(MODEL_GGUF)
+	$(LLAMA_VENV)/bin/python benchmarks/quantized.py $(LLAMA_ARGS)
 
 # Style, the first step of `make test`: ruff's lint and format check over every Python file
 # (pyproject.toml [tool.ruff]) and clang-format's over the C++ (.clang-format), with the
