@@ -46,6 +46,21 @@ bool read_as(const Kernel& k, PyObject* obj, TensorView& v, const char* what, DT
   return false;
 }
 
+// The [m, n] result of a quantized GEMM's args g (its d set here): zeros for K = 0, else
+// run(g) with the GIL released.
+template <class Args>
+PyObject* gemm_output(const Kernel& k, Args& g, KernelFn<Args> run) {
+  const int64_t shape[2] = {g.m, g.n};
+  PyObject* out = new_tensor(2, shape, k.dtype, &g.d);
+  if (out == nullptr || g.m * g.n == 0) return out;
+  if (g.k == 0) {
+    std::memset(g.d, 0, static_cast<size_t>(g.m * g.n * dtype_size(k.dtype)));
+    return out;
+  }
+  run_released(g.m * g.n * g.k, [&] { run(g, k.threads); });
+  return out;
+}
+
 // activation [M, K] (the kernel's dtype), weight uint8 [N, K / block * bytes] -> [M, N]
 struct GemmGgufKernel final : Kernel {
   int type;
@@ -76,16 +91,7 @@ struct GemmGgufKernel final : Kernel {
     g.n = w.shape[0];
     g.row_bytes = row;
     g.gemm = gemm;
-    const int64_t shape[2] = {g.m, g.n};
-    PyObject* out = new_tensor(2, shape, dtype, &g.d);
-    if (out == nullptr) return nullptr;
-    if (g.m * g.n == 0) return out;
-    if (g.k == 0) {
-      std::memset(g.d, 0, static_cast<size_t>(g.m * g.n * dtype_size(dtype)));
-      return out;
-    }
-    run_released(g.m * g.n * g.k, [&] { run(g, threads); });
-    return out;
+    return gemm_output(*this, g, run);
   }
 };
 
@@ -131,16 +137,7 @@ struct GemmW4A16Kernel final : Kernel {
     g.n = w.shape[0];
     g.group = group;
     g.gemm = gemm;
-    const int64_t shape[2] = {g.m, g.n};
-    PyObject* out = new_tensor(2, shape, dtype, &g.d);
-    if (out == nullptr) return nullptr;
-    if (g.m * g.n == 0) return out;
-    if (g.k == 0) {
-      std::memset(g.d, 0, static_cast<size_t>(g.m * g.n * dtype_size(dtype)));
-      return out;
-    }
-    run_released(g.m * g.n * g.k, [&] { run(g, threads); });
-    return out;
+    return gemm_output(*this, g, run);
   }
 };
 
