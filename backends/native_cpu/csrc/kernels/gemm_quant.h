@@ -233,12 +233,15 @@ struct BlockedPrefill {
 // The prefill of builds whose bfloat16 GEMM outruns float32 FMAs (AVX-512 BF16's
 // vdpbf16ps, twice the rate): bfloat16 activations meet weights dequantized to bfloat16
 // (the one extra rounding, as a bfloat16 checkpoint has) a chunk of rows at a time, in the
-// table's GEMM; a chunk's columns are then copied into place. Other dtypes: BlockedPrefill.
+// table's GEMM; a chunk's columns are then copied into place. Other dtypes, and Q8_0,
+// BlockedPrefill: an 8-bit code times its scale carries more bits than bfloat16 keeps, and
+// that rounding is a sizeable share of Q8_0's own error (enable(weights="int8")'s
+// perplexity test sees it), a small one of the 4-6-bit types'.
 struct Bf16TablePrefill {
   template <class T, class Deq>
   static void run(const T* A, int64_t m, int64_t k, T* D, int64_t n, const Deq& deq, tnc::KernelFn<tnc::GemmArgs> gemm,
                   int threads) {
-    if constexpr (!std::is_same_v<T, bf16_t>) {
+    if constexpr (!std::is_same_v<T, bf16_t> || std::is_same_v<Deq, GgufDeq<GgmlType::q8_0>>) {
       dequant_gemm_blocked(A, m, k, D, n, deq, threads);
     } else {
       // rows a chunk: about 2 MiB of bfloat16 weights, whole 64-row panels
