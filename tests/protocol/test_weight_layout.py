@@ -72,3 +72,23 @@ def test_the_conformance_harness_prepares_the_targets_inputs(swapped):
     assert cases
     outcomes = [harness.measure(case) for case in cases]
     assert all(o.passed for o in outcomes), [o.message for o in outcomes if not o.passed]
+
+
+def test_the_transformers_integration_prepares_a_stack_of_4_bit_linears_once_and_reads_it(swapped):
+    """Stacked projections (fused/fusion.py) hand the kernel the stack in the target's layout:
+    the whole GEMM and each projection's part compute from it."""
+    hf = pytest.importorskip("tileops.integrations.transformers")
+    from tileops.integrations.transformers.fused.fusion import StackedLinear  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(2)
+    linears = [
+        hf.W4A16Linear(*int4.quantize(torch.randn(n, 64, generator=gen) * 0.02, group_size=32), group_size=32)
+        for n in (16, 8)
+    ]
+    stack = StackedLinear(linears, GemmW4A16FwdOp(group_size=32, target=TARGET), add=None)
+    stack.apply()
+    assert torch.equal(stack.served[0], _swap_nibbles(stack.weights[0], group_size=32))
+    x = torch.randn(3, 64, generator=gen)
+    want = x @ torch.cat([m.dequantized() for m in linears]).t()
+    assert torch.allclose(stack(x), want)
+    assert all(torch.allclose(p, w) for p, w in zip(stack.parts(x), want.split([16, 8], dim=-1)))

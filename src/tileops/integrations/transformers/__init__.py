@@ -31,6 +31,8 @@ in ``__all__`` are public.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 import torch
@@ -38,6 +40,7 @@ import torch
 from .attention import NAME as ATTENTION_NAME
 from .cache import TileopsCache, TileopsCacheLayer
 from .gguf import GgufEmbedding, GgufLinear, load_gguf
+from .int4 import W4A16Linear, load_int4
 from .planning.enable import disable, enable
 from .planning.model import SUPPORTED_ARCHITECTURES
 from .planning.report import EnableReport, UnsupportedModelError
@@ -52,9 +55,11 @@ __all__ = [
     "TileopsCache",
     "TileopsCacheLayer",
     "UnsupportedModelError",
+    "W4A16Linear",
     "disable",
     "enable",
     "load_gguf",
+    "load_int4",
 ]
 
 
@@ -69,7 +74,12 @@ class AutoModelForCausalLM:
     With ``gguf_file=``, the GGUF checkpoint's quantized matrices stay in their GGML blocks
     (``load_gguf``: ``GgufLinear`` and ``GgufEmbedding``, served by ``GemmGgufFwdOp`` and
     ``EmbeddingGgufFwdOp``) and the rest is in ``dtype`` (default bfloat16: the activations'
-    dtype); ``dequantize=True`` loads it as transformers does, every tensor dequantized."""
+    dtype); ``dequantize=True`` loads it as transformers does, every tensor dequantized.
+
+    A folder whose config.json has a GPTQ or AWQ ``quantization_config`` loads with
+    ``load_int4`` (each quantized Linear a ``W4A16Linear``, served by ``GemmW4A16FwdOp``; the
+    rest in ``dtype``, default bfloat16), without the gptqmodel or autoawq packages that
+    transformers would ask for."""
 
     def __init__(self) -> None:
         raise TypeError("use AutoModelForCausalLM.from_pretrained(path, ...) or .from_config(config, ...)")
@@ -87,12 +97,19 @@ class AutoModelForCausalLM:
     ):
         import transformers  # noqa: PLC0415
 
-        if kwargs.get("gguf_file") is not None and not dequantize:
+        gguf_file = kwargs.get("gguf_file")
+        if not dequantize and (gguf_file is not None or _int4_checkpoint(path)):
             if args:
-                raise TypeError(f"from_pretrained(path, gguf_file=...) takes keyword arguments only, got {args!r}")
+                raise TypeError(
+                    "from_pretrained(path, ...) of a GGUF file or a GPTQ/AWQ checkpoint takes keyword arguments only, "
+                    f"got {args!r}"
+                )
             dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
             dtype = torch.bfloat16 if dtype in (None, "auto") else dtype
-            return _enabled(load_gguf(path, kwargs.pop("gguf_file"), dtype=dtype, **kwargs), target, strict, weights)
+            if gguf_file is not None:
+                kwargs.pop("gguf_file")
+                return _enabled(load_gguf(path, gguf_file, dtype=dtype, **kwargs), target, strict, weights)
+            return _enabled(load_int4(path, dtype=dtype, **kwargs), target, strict, weights)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, *args, **kwargs)
         return _enabled(model, target, strict, weights)
 
@@ -103,6 +120,16 @@ class AutoModelForCausalLM:
         import transformers  # noqa: PLC0415
 
         return _enabled(transformers.AutoModelForCausalLM.from_config(config, **kwargs), target, strict, weights)
+
+
+def _int4_checkpoint(path: Any) -> bool:
+    """Whether ``path`` is a local folder whose config.json names GPTQ or AWQ."""
+    config = os.path.join(path, "config.json") if isinstance(path, (str, os.PathLike)) else ""
+    if not os.path.isfile(config):
+        return False
+    with open(config) as f:
+        quantization = json.load(f).get("quantization_config")
+    return isinstance(quantization, dict) and str(quantization.get("quant_method", "")).lower() in ("gptq", "awq")
 
 
 def _enabled(model: Any, target: str | None, strict: bool, weights: str | None) -> Any:

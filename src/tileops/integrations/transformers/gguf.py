@@ -172,7 +172,7 @@ def _place_dense(model: nn.Module, dense: dict[str, torch.Tensor], dtype: torch.
         setattr(owner, attr, nn.Parameter(value, requires_grad=False) if isinstance(old, nn.Parameter) else value)
 
 
-def _materialise_the_rest(model: nn.Module) -> None:
+def _materialise_the_rest(model: nn.Module, source: str = "the GGUF file") -> None:
     """Buffers computed from the config (rotary frequencies) are made again on the CPU; any
     other tensor still on the meta device is a tensor the file did not hold."""
     for name, module in list(model.named_modules()):
@@ -180,4 +180,4 @@ def _materialise_the_rest(model: nn.Module) -> None:
             model.set_submodule(name, type(module)(config=module.config))
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if missing:
-        raise ValueError(f"the GGUF file holds no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ValueError(f"{source} holds no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''}")

@@ -39,7 +39,7 @@ def linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def linear_rows(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     st = self._tileops
-    y = st.gemm(x, getattr(self, st.weight_attr))
+    y = st.gemm(x, *(st.prepared or [getattr(self, a) for a in st.weight_attrs]))
     return y if self.bias is None else st.add(y, self.bias)
 
 

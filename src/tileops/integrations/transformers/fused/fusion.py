@@ -4,11 +4,11 @@ GEMM costs more than its arithmetic; these fusions change no result beyond the o
 rounding.
 
 - **Projections sharing an input** (an attention's q/k/v, a gated MLP's gate/up) run as
-  one ``GemmFwdOp`` over their weights stacked ``[sum N, K]``. The stacked weight is made
-  once, at enable, and the Linear modules' parameters become views into it (same
-  Parameter objects, same values, no second copy of the weights; on huge pages where the
-  machine has them, as ``fused/placement.py`` says); ``disable`` gives each its own storage
-  back.
+  one GEMM over their weights stacked ``[sum N, K]`` (a GGUF or 4-bit Linear's tensors
+  stack along N as rows do). The stacked weight is made once, at enable, and the Linear
+  modules' parameters become views into it (same Parameter objects, same values, no second
+  copy of the weights; on huge pages where the machine has them, as ``fused/placement.py``
+  says); ``disable`` gives each its own storage back.
 - **A decoder layer** whose norms, attention and MLP are all served gets a per-instance
   forward in which the residual add and the norm after it are one ``FusedAddRMSNormFwdOp``
   (transformers adds in the model dtype, then normalises the rounded sum; the op does the
@@ -27,6 +27,7 @@ from torch import nn
 from tileops.serving.host_memory import on_huge_pages
 
 from ..gguf import GgufLinear
+from ..int4 import W4A16Linear
 
 __all__ = [
     "StackedLinear",
@@ -34,6 +35,8 @@ __all__ = [
     "apply_fusions",
     "undo_fusions",
     "stacked_members",
+    "weight_attrs",
+    "prepared",
     "stacks",
     "norm_weight",
     "norm_eps",
@@ -41,9 +44,22 @@ __all__ = [
 ]
 
 
-def weight_attr(linear: nn.Module) -> str:
-    """The attribute holding a served Linear's weight: ``weight``, or a GgufLinear's blocks."""
-    return "weight_blocks" if isinstance(linear, GgufLinear) else "weight"
+def weight_attrs(linear: nn.Module) -> tuple[str, ...]:
+    """The attributes holding a served Linear's weight, in the order its GEMM takes them:
+    ``weight``, a GgufLinear's blocks, or a W4A16Linear's codes, scales and zeros."""
+    if isinstance(linear, GgufLinear):
+        return ("weight_blocks",)
+    return W4A16Linear.WEIGHTS if isinstance(linear, W4A16Linear) else ("weight",)
+
+
+def prepared(gemm: Any, attrs: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A Linear's weight tensors (its ``attrs``) as ``gemm``'s target's kernels read them.
+    A W4A16Linear's are named as GemmW4A16FwdOp's inputs and go through
+    ``op.prepare_weight`` (upstream's ``repack``) once, here: the tensors themselves where the
+    target registered no layout of its own (docs/writing-a-backend.md)."""
+    if attrs != W4A16Linear.WEIGHTS:
+        return tensors
+    return tuple(gemm.prepare_weight(attr, t) for attr, t in zip(attrs, tensors))
 
 
 class StackedLinear:
@@ -51,24 +67,42 @@ class StackedLinear:
     ``[M, sum N]``: each projection's outputs in order; ``parts(x)`` each projection's
     ``[M, N]`` on its own, each a GEMM over its rows of the stacked weight (contiguous).
 
-    Either several nn.Linear modules, stacked at ``apply`` (the modules' parameters become
-    views into the stack), or one nn.Linear that the checkpoint already stacks (Phi-3's
-    qkv_proj and gate_up_proj) with the sizes of its parts: ``owned`` is False, and its
-    weight is the module's own parameter."""
+    Either several Linear modules of one kind, stacked at ``apply`` (the modules' weight
+    tensors become views into the stack), or one that the checkpoint already stacks
+    (Phi-3's qkv_proj and gate_up_proj) with the sizes of its parts: ``owned`` is False,
+    and its weight is the module's own. ``weights`` are the stacked tensors (``weight_attrs``
+    of the kind), ``served`` the same as the GEMM reads them (``prepared``)."""
 
-    def __init__(self, linears: list[nn.Linear], gemm: Any, add: Any, sizes: list[int] | None = None) -> None:
+    def __init__(self, linears: list[nn.Module], gemm: Any, add: Any, sizes: list[int] | None = None) -> None:
         self.linears, self.gemm, self.add = linears, gemm, add
         self.owned = sizes is None
         self.sizes = [m.out_features for m in linears] if sizes is None else sizes
-        self.weight: torch.Tensor | None = None if self.owned else getattr(linears[0], weight_attr(linears[0]))
+        self.attrs = weight_attrs(linears[0])
+        self.weights: tuple[torch.Tensor, ...] = ()
+        self.served: tuple[torch.Tensor, ...] = ()
         self.bias: torch.Tensor | None = None if self.owned else linears[0].bias
+        if not self.owned:
+            self._serve(tuple(getattr(linears[0], a) for a in self.attrs))
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        """The stacked weight (a W4A16 stack's codes; its scales and zeros follow in ``weights``)."""
+        return self.weights[0] if self.weights else None
+
+    def _serve(self, weights: tuple[torch.Tensor, ...]) -> None:
+        self.weights, self.served = weights, prepared(self.gemm, self.attrs, weights)
+        # a layout of the target's own need not keep a projection's rows together
+        self.sliceable = all(s is w for s, w in zip(self.served, self.weights))
 
     def apply(self) -> None:
         with torch.no_grad():
-            attr = weight_attr(self.linears[0])  # rows of GGML blocks stack as rows do
-            self.weight = on_huge_pages(torch.cat([getattr(m, attr).detach() for m in self.linears]))
-            for m, view in zip(self.linears, self.weight.split(self.sizes)):
-                getattr(m, attr).data = view
+            stacked = []
+            for attr in self.attrs:  # rows of GGML blocks, 4-bit codes, scales, zeros: all stack along N
+                whole = on_huge_pages(torch.cat([getattr(m, attr).detach() for m in self.linears]))
+                for m, view in zip(self.linears, whole.split(self.sizes)):
+                    getattr(m, attr).data = view
+                stacked.append(whole)
+            self._serve(tuple(stacked))
             if self.linears[0].bias is not None:
                 self.bias = torch.cat([m.bias.detach() for m in self.linears])
                 for m, view in zip(self.linears, self.bias.split(self.sizes)):
@@ -78,23 +112,27 @@ class StackedLinear:
         """Every parameter gets its own storage again (a copy of its rows)."""
         with torch.no_grad():
             for m in self.linears:
-                w = getattr(m, weight_attr(m))
-                w.data = w.data.clone()
+                for attr in self.attrs:
+                    w = getattr(m, attr)
+                    w.data = w.data.clone()
                 if m.bias is not None:
                     m.bias.data = m.bias.data.clone()
-        self.weight = self.bias = None
+        self.weights = self.served = ()
+        self.bias = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.gemm(x, self.weight)
+        y = self.gemm(x, *self.served)
         return y if self.bias is None else self.add(y, self.bias)
 
     def held_ops(self) -> list[Any]:
         return [self.gemm] + ([] if self.bias is None else [self.add])  # the add serves a bias only
 
     def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if not self.sliceable:
+            return [y.contiguous() for y in self(x).split(self.sizes, dim=-1)]
         outs, start = [], 0
         for n in self.sizes:
-            y = self.gemm(x, self.weight[start : start + n])
+            y = self.gemm(x, *(w[start : start + n] for w in self.served))
             outs.append(y if self.bias is None else self.add(y, self.bias[start : start + n]))
             start += n
         return outs

@@ -32,7 +32,7 @@ def place_weights(model: nn.Module, patches: list[tuple[nn.Module, str, Any, Any
     params: list[nn.Parameter] = []
     for module, kind, _state, _forward in patches:
         if kind == "linear" and id(module) not in stacked:
-            params.append(getattr(module, module._tileops.weight_attr))
+            params.extend(getattr(module, a) for a in module._tileops.weight_attrs)
         elif kind == "moe experts":
             params.extend(p for p in module.parameters(recurse=False) if p.ndim >= 2)
     moved: list[nn.Parameter] = []

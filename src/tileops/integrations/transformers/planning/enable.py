@@ -78,7 +78,7 @@ def enable(
     }
     if huge_pages_available():
         weights = [p.data for p in saved["placed"]] + [
-            s.weight for s in fusion.stacks(model) if s.weight.device.type == "cpu"
+            w for s in fusion.stacks(model) for w in s.weights if w.device.type == "cpu"
         ]
         plan.report.huge_page_bytes = sum(w.numel() * w.element_size() for w in weights)
     experts_configs = {id(p.module.config): p.module.config for p in plan.served("moe experts")}

@@ -10,12 +10,15 @@ from typing import Any
 
 from torch import nn
 
-from ..fused.fusion import ResidualJoin, StackedLinear, layer_forward, weight_attr
+from ..fused.fusion import ResidualJoin, StackedLinear, layer_forward, weight_attrs
 from ..gguf import GgufLinear
+from ..int4 import W4A16Linear
 from .plan import Plan
 from .state import LayerState
 
 __all__ = ["plan_fusions"]
+
+_LINEARS = (nn.Linear, GgufLinear, W4A16Linear)  # the Linear kinds a stack may hold (one kind a stack)
 
 
 @dataclass(frozen=True)
@@ -43,20 +46,26 @@ _NORM_NAMES = {n for layout in _LAYOUTS.values() for n in vars(layout).values() 
 
 
 def _stackable(linears: list[Any], served: dict[int, str]) -> bool:
-    """Served Linears of one kind that read one input: plain ones of one dtype, or
-    GgufLinears of one block type (rows of blocks stack as rows do)."""
+    """Served Linears of one kind that read one input: plain ones of one dtype, GgufLinears
+    of one block type, or W4A16Linears of one group size (rows of blocks, 4-bit codes,
+    scales and zeros stack along N as rows do)."""
     kind = type(linears[0]) if linears[0] is not None else None
-    if kind not in (nn.Linear, GgufLinear) or not all(
-        type(m) is kind and served.get(id(m)) == "linear" for m in linears
-    ):
+    if kind not in _LINEARS or not all(type(m) is kind and served.get(id(m)) == "linear" for m in linears):
         return False
-    first = getattr(linears[0], weight_attr(linears[0]))
+    first = linears[0]
+
+    def alike(m: nn.Module) -> bool:
+        return all(
+            getattr(m, a).dtype == getattr(first, a).dtype and getattr(m, a).device == getattr(first, a).device
+            for a in weight_attrs(m)
+        )
+
     return all(
-        getattr(m, weight_attr(m)).dtype == first.dtype
-        and getattr(m, weight_attr(m)).device == first.device
-        and getattr(m, "ggml_type", None) == getattr(linears[0], "ggml_type", None)
-        and m.in_features == linears[0].in_features
-        and (m.bias is None) == (linears[0].bias is None)
+        alike(m)
+        and getattr(m, "ggml_type", None) == getattr(first, "ggml_type", None)
+        and getattr(m, "group_size", None) == getattr(first, "group_size", None)
+        and m.in_features == first.in_features
+        and (m.bias is None) == (first.bias is None)
         for m in linears
     )
 
@@ -70,6 +79,8 @@ def plan_fusions(model: nn.Module, plan: Plan, target: str | None) -> None:
     def gemm(linear: nn.Module) -> Any:  # the GEMM of a stack whose first projection is ``linear``
         if isinstance(linear, GgufLinear):
             return ops.GemmGgufFwdOp(linear.ggml_type, target=target)
+        if isinstance(linear, W4A16Linear):
+            return ops.GemmW4A16FwdOp(group_size=linear.group_size, target=target)
         return ops.GemmFwdOp(False, True, target=target)
 
     for name, module in model.named_modules():
@@ -129,7 +140,7 @@ def _stacked(
     that the checkpoint stacks already (with ``sizes(module)``), where served; else None."""
     stacked = getattr(module, together, None)
     if stacked is not None:
-        if type(stacked) not in (nn.Linear, GgufLinear) or served.get(id(stacked)) != "linear":
+        if type(stacked) not in _LINEARS or served.get(id(stacked)) != "linear":
             return None
         return StackedLinear([stacked], gemm(stacked), ops.AddFwdOp(target=target), sizes=sizes(module))
     linears = [getattr(module, p, None) for p in apart]

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from ..fused import forwards
-from ..fused.fusion import norm_eps, weight_attr
+from ..fused.fusion import norm_eps, prepared, weight_attrs
 from ..gguf import GgufEmbedding, GgufLinear
+from ..int4 import W4A16Linear
 from .attention import plan_attention
 from .moe import plan_moe
 from .plan import Plan
@@ -110,7 +111,24 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
                     gemm=ops.GemmGgufFwdOp(module.ggml_type, target=target),
                     add=ops.AddFwdOp(target=target),
                     has_bias=module.bias is not None,
-                    weight_attr=weight_attr(module),
+                    weight_attrs=weight_attrs(module),
+                ),
+            )
+        elif type(module) is W4A16Linear:  # a GPTQ or AWQ checkpoint's 4-bit groups (..int4)
+            gemm = ops.GemmW4A16FwdOp(group_size=module.group_size, target=target)
+            own = tuple(getattr(module, a) for a in module.WEIGHTS)
+            served = prepared(gemm, module.WEIGHTS, own)
+            plan.add(
+                "linear",
+                module,
+                forwards.linear_forward,
+                LinearState(
+                    name,
+                    gemm=gemm,
+                    add=ops.AddFwdOp(target=target),
+                    has_bias=module.bias is not None,
+                    weight_attrs=module.WEIGHTS,
+                    prepared=None if all(s is t for s, t in zip(served, own)) else served,
                 ),
             )
         elif type(module) is GgufEmbedding:

@@ -88,10 +88,12 @@ def _ops_in(value: Any) -> Iterator[Any]:
 
 @dataclass
 class LinearState(ModuleState):
-    gemm: Any  # GemmFwdOp, or GemmGgufFwdOp over a GgufLinear's blocks
+    gemm: Any  # GemmFwdOp, GemmGgufFwdOp over a GgufLinear's blocks, or GemmW4A16FwdOp over a W4A16Linear's
     add: Any  # adds its bias
     has_bias: bool
-    weight_attr: str = "weight"  # the module's attribute the GEMM reads: a GgufLinear's is "weight_blocks"
+    weight_attrs: tuple[str, ...] = ("weight",)  # the module's tensors the GEMM reads after x (fusion.weight_attrs)
+    # those tensors in a layout of the target's own (fusion.prepared), made once; None: the module's own
+    prepared: tuple[torch.Tensor, ...] | None = None
 
     def op_names(self) -> list[str]:
         return [type(self.gemm).__name__] + (["AddFwdOp"] if self.has_bias else [])
