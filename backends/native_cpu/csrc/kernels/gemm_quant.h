@@ -27,9 +27,12 @@ constexpr int64_t kQuantDecodeMaxM = 16;
 constexpr int64_t kQuantBlockRows = 16;
 
 template <class T, class Dec>
-void quant_gemv(const T* A, int64_t m, int64_t k, T* D, int64_t n, int64_t row_bytes, const Dec& dec, int threads) {
+void quant_gemv(const T* A, int64_t m, int64_t k, T* D, int64_t n, const Dec& dec, int threads) {
   const QAct act = quantize_act(A, k, m, k, dec.layout);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, row_bytes));
+  // two contiguous ranges of rows a thread: each range starts a cold stream (its prefetch
+  // has not run ahead yet), so fewer, longer ranges read faster; two still even out a
+  // thread that started late
+  const int64_t grain = std::max<int64_t>(1, (n + 2 * threads - 1) / (2 * threads));
   tnc::parallel_for(n, grain, threads, [&](int64_t j0, int64_t j1) {
     for (int64_t jb = j0; jb < j1; jb += kQuantBlockRows) {
       const int64_t je = std::min(j1, jb + kQuantBlockRows);
@@ -312,7 +315,7 @@ void gemm_gguf(const tnc::GemmGgufArgs& g, int threads) {
       Prefill::run(A, g.m, g.k, D, g.n, deq, g.gemm, threads);
     }
   } else if (g.m <= kQuantDecodeMaxM) {
-    quant_gemv(A, g.m, g.k, D, g.n, g.row_bytes, Dec<G>{g.w, g.row_bytes, g.k}, threads);
+    quant_gemv(A, g.m, g.k, D, g.n, Dec<G>{g.w, g.row_bytes, g.k}, threads);
   } else {
     Prefill::run(A, g.m, g.k, D, g.n, deq, g.gemm, threads);
   }
@@ -325,7 +328,7 @@ void gemm_w4a16(const tnc::GemmW4A16Args& g, int threads) {
   if (g.m > kQuantDecodeMaxM) {
     Prefill::run(A, g.m, g.k, D, g.n, W4Deq{&g}, g.gemm, threads);
   } else if (g.group % 32 == 0 && Dec::serves(g.group)) {
-    quant_gemv(A, g.m, g.k, D, g.n, g.k / 2, Dec{&g}, threads);
+    quant_gemv(A, g.m, g.k, D, g.n, Dec{&g}, threads);
   } else {
     dequant_gemv(A, g.m, g.k, D, g.n, W4Deq{&g}, threads);
   }
