@@ -14,6 +14,8 @@ Systems (``--systems``), all on the same file, the same token ids and the same t
   the quantized matrices kept in their GGML blocks, activations in bf16;
 - ``dequantized``: the same with ``dequantize=True``: transformers' loader, every weight in
   bf16, enabled;
+- ``int8`` (not by default): the ``dequantized`` model with ``weights="int8"``: its Linear
+  weights quantized once to Q8_0 blocks (the tied head too, into blocks of its own);
 - ``eager`` (not by default): transformers' own model of the file in bf16, not enabled; the
   perplexity's reference for a bf16 model.
 llama-cpp-python is an optional benchmark dependency (``tileops[bench-llama]``; make
@@ -73,6 +75,7 @@ LABELS = {
     "llama": "llama.cpp, the GGUF file",
     "blocks": "tileops, GGUF blocks kept",
     "dequantized": "tileops, dequantized to bf16",
+    "int8": "tileops, bf16 quantized to int8 (Q8_0)",
     "eager": "HF eager, dequantized to bf16",
 }
 LLAMA_HOWTO = (
@@ -272,6 +275,11 @@ def load(name: str, path: Path, args, llama_cpp, n_ctx: int):
             folder, gguf_file=file, target=args.target, dequantize=True, dtype=torch.bfloat16
         )
         return TileopsSystem(model)
+    if name == "int8":  # the dequantized bf16 model's Linear weights quantized once: enable(weights="int8")
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=file, target=args.target, dequantize=True, dtype=torch.bfloat16, weights="int8"
+        )
+        return TileopsSystem(model)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.bfloat16)
     return TileopsSystem(model.eval())
 
@@ -296,7 +304,7 @@ def main() -> int:
         nargs="+",
         choices=list(LABELS),
         default=["llama", "blocks", "dequantized"],
-        help="the rows, in this order (default: llama blocks dequantized; eager adds transformers' own model)",
+        help="the rows, in this order (default: llama blocks dequantized; int8 and eager add rows)",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch's, native_cpu's and llama.cpp's (default 2)")
     ap.add_argument("--target", default="native_cpu", help="the target tileops' rows run on")
