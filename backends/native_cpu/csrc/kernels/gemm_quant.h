@@ -224,6 +224,24 @@ struct W4Deq {
   }
 };
 
+// d [m, n] = a [m, k] @ b [n, k].T by a table's GEMM (rows of a and b contiguous)
+inline void gemm_nt(tnc::KernelFn<tnc::GemmArgs> gemm, const void* a, const void* b, void* d, int64_t m, int64_t n,
+                    int64_t k, int threads) {
+  tnc::GemmArgs g{};
+  g.a = a;
+  g.b = b;
+  g.d = d;
+  g.batch = 1;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a_row = k;
+  g.a_col = 1;
+  g.b_row = 1;
+  g.b_col = k;
+  gemm(g, threads);
+}
+
 // The prefill of a build: its panel GEMM over dequantized weights, in float32.
 struct BlockedPrefill {
   template <class T, class Deq>
@@ -261,19 +279,7 @@ struct Bf16TablePrefill {
             for (int64_t c = 0; c < k; c += W) storec(o + c, loadc(row + c, k - c), k - c);
           }
         });
-        tnc::GemmArgs ga{};
-        ga.a = A;
-        ga.b = wbuf;
-        ga.d = obuf;
-        ga.batch = 1;
-        ga.m = m;
-        ga.n = nc;
-        ga.k = k;
-        ga.a_row = k;
-        ga.a_col = 1;
-        ga.b_row = 1;
-        ga.b_col = k;
-        gemm(ga, threads);
+        gemm_nt(gemm, A, wbuf, obuf, m, nc, k, threads);
         if (obuf != D)
           for (int64_t r = 0; r < m; ++r)
             std::memcpy(D + r * n + c0, obuf + r * nc, static_cast<size_t>(nc) * sizeof(T));
@@ -296,19 +302,7 @@ void gemm_gguf(const tnc::GemmGgufArgs& g, int threads) {
                           (G == GgmlType::f16 && std::is_same_v<T, half_t>) ||
                           (G == GgmlType::bf16 && std::is_same_v<T, bf16_t>);
     if (same && g.gemm != nullptr) {  // the table's GEMM on the rows as they are (NT)
-      tnc::GemmArgs ga{};
-      ga.a = g.a;
-      ga.b = g.w;
-      ga.d = g.d;
-      ga.batch = 1;
-      ga.m = g.m;
-      ga.n = g.n;
-      ga.k = g.k;
-      ga.a_row = g.k;
-      ga.a_col = 1;
-      ga.b_row = 1;
-      ga.b_col = g.k;
-      g.gemm(ga, threads);
+      gemm_nt(g.gemm, g.a, g.w, g.d, g.m, g.n, g.k, threads);
     } else if (g.m <= kQuantDecodeMaxM) {
       dequant_gemv(A, g.m, g.k, D, g.n, deq, threads);
     } else {

@@ -9,6 +9,8 @@ report. Nothing is guessed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -86,51 +88,11 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
     act_name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
     for name, module in model.named_modules():
         cls = type(module).__name__
-        if type(module) is nn.Linear:
-            if module.weight.dtype not in _HALF:
+        if type(module) in (nn.Linear, GgufLinear, W4A16Linear):
+            if type(module) is nn.Linear and module.weight.dtype not in _HALF:
                 plan.refuse(name, "Linear", f"weight dtype {module.weight.dtype}")
                 continue
-            plan.add(
-                "linear",
-                module,
-                forwards.linear_forward,
-                LinearState(
-                    name,
-                    gemm=ops.GemmFwdOp(False, True, target=target),
-                    add=ops.AddFwdOp(target=target),
-                    has_bias=module.bias is not None,
-                ),
-            )
-        elif type(module) is GgufLinear:  # a GGUF checkpoint's matrix kept in its blocks (..gguf)
-            plan.add(
-                "linear",
-                module,
-                forwards.linear_forward,
-                LinearState(
-                    name,
-                    gemm=ops.GemmGgufFwdOp(module.ggml_type, target=target),
-                    add=ops.AddFwdOp(target=target),
-                    has_bias=module.bias is not None,
-                    weight_attrs=weight_attrs(module),
-                ),
-            )
-        elif type(module) is W4A16Linear:  # a GPTQ or AWQ checkpoint's 4-bit groups (..int4)
-            gemm = ops.GemmW4A16FwdOp(group_size=module.group_size, target=target)
-            own = tuple(getattr(module, a) for a in module.WEIGHTS)
-            served = prepared(gemm, module.WEIGHTS, own)
-            plan.add(
-                "linear",
-                module,
-                forwards.linear_forward,
-                LinearState(
-                    name,
-                    gemm=gemm,
-                    add=ops.AddFwdOp(target=target),
-                    has_bias=module.bias is not None,
-                    weight_attrs=module.WEIGHTS,
-                    prepared=None if all(s is t for s, t in zip(served, own)) else served,
-                ),
-            )
+            plan.add("linear", module, forwards.linear_forward, _linear_state(name, module, ops, target))
         elif type(module) is GgufEmbedding:
             plan.add(
                 "embedding",
@@ -192,3 +154,26 @@ def plan_model(model: nn.Module, strict: bool, target: str | None) -> Plan:
         )
     )
     return plan
+
+
+def _linear_state(name: str, module: nn.Module, ops: Any, target: str | None) -> LinearState:
+    """A served Linear's state: its GEMM by the kind of its weight (dense; a GGUF
+    checkpoint's blocks, ..gguf; a GPTQ or AWQ checkpoint's 4-bit groups, ..int4, prepared
+    once in the target's own layout where it has one)."""
+    add, has_bias = ops.AddFwdOp(target=target), module.bias is not None
+    if type(module) is nn.Linear:
+        return LinearState(name, gemm=ops.GemmFwdOp(False, True, target=target), add=add, has_bias=has_bias)
+    if type(module) is GgufLinear:
+        gemm = ops.GemmGgufFwdOp(module.ggml_type, target=target)
+        return LinearState(name, gemm=gemm, add=add, has_bias=has_bias, weight_attrs=weight_attrs(module))
+    gemm = ops.GemmW4A16FwdOp(group_size=module.group_size, target=target)
+    own = tuple(getattr(module, a) for a in module.WEIGHTS)
+    served = prepared(gemm, module.WEIGHTS, own)
+    return LinearState(
+        name,
+        gemm=gemm,
+        add=add,
+        has_bias=has_bias,
+        weight_attrs=module.WEIGHTS,
+        prepared=None if all(s is t for s, t in zip(served, own)) else served,
+    )
