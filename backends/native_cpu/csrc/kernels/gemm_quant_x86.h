@@ -1,10 +1,11 @@
 // The quant family's decode path on x86 (kernels/gemm_quant.h has the drivers and the
-// scalar decoders whose arithmetic these reproduce): 32 weight codes per 256-bit vector,
-// unsigned-by-signed byte dot products against the quantized activation, by vpdpbusd where
-// the build has AVX-512 VNNI and by vpmaddubsw + vpmaddwd on AVX2. A weight block is
-// decoded once and dotted with every activation row of the call (up to four at a time).
-// Each row keeps two float accumulators (even and odd blocks, or low and high nibbles),
-// since a short row (K = 576: 18 blocks) is otherwise one long chain of dependent FMAs.
+// scalar decoders whose arithmetic these reproduce): 32 weight codes per 256-bit vector
+// (on AVX-512, Q4_0/Q4_1 four blocks per 512-bit vector), unsigned-by-signed byte dot
+// products against the quantized activation, by vpdpbusd where the build has AVX-512 VNNI
+// and by vpmaddubsw + vpmaddwd on AVX2. A weight block is decoded once and dotted with
+// every activation row of the call (up to four at a time). Each row keeps two float
+// accumulators (even and odd blocks, or low and high nibbles), since a short row (K = 576:
+// 18 blocks) is otherwise one long chain of dependent FMAs.
 // Included inside isa_avx2.cc's and isa_avx512.cc's namespaces after kernels/families.h.
 #pragma once
 // (no includes here on purpose: see kernels/common.h)
@@ -28,7 +29,7 @@ inline __m256i nibbles32(const uint8_t* p) {
 }
 
 // A decode GEMV reads each weight row once, from memory: the hardware prefetcher alone left
-// the per-layer GEMVs at a third of the read bandwidth. The bytes this far ahead of the row
+// the per-layer GEMVs well short of the read bandwidth. The bytes this far ahead of the row
 // being read (the rows after it, which the same thread reads next) are asked for now.
 constexpr int64_t kQuantPrefetchBytes = 2048;
 
