@@ -157,5 +157,5 @@ def test_int8_weights_keep_bf16s_perplexity_and_disable_gives_the_linears_back(b
 def test_unknown_weight_formats_and_malformed_blocks_are_named(bf16):
     with pytest.raises(ValueError, match="weights must be None or one of \\['int8'\\], got 'int4'"):
         hf.enable(copy.deepcopy(bf16), weights="int4")
-    with pytest.raises(ValueError, match="expected uint8 rows of 36 bytes \\(64 Q4_1 weights\\)"):
+    with pytest.raises(ValueError, match="expected uint8 rows of 40 bytes \\(64 Q4_1 weights\\)"):
         hf.GgufLinear(torch.zeros(8, 35, dtype=torch.uint8), "Q4_1", 64)
