@@ -11,28 +11,8 @@
 namespace tnc {
 namespace {
 
-struct GgmlInfo {
-  int64_t block, bytes;
-};
-
-// weights per block and bytes per block, or {0, 0} for a type this build does not serve
-GgmlInfo ggml_info(int type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::f32: return {1, 4};
-    case GgmlType::f16:
-    case GgmlType::bf16: return {1, 2};
-    case GgmlType::q8_0: return {32, 34};
-    case GgmlType::q4_0: return {32, 18};
-    case GgmlType::q4_1: return {32, 20};
-    case GgmlType::q4_k: return {256, 144};
-    case GgmlType::q5_k: return {256, 176};
-    case GgmlType::q6_k: return {256, 210};
-  }
-  return {0, 0};
-}
-
-GgmlInfo require_ggml(int type) {
-  const GgmlInfo info = ggml_info(type);
+GgmlBlock require_ggml(int type) {
+  const GgmlBlock info = ggml_block(static_cast<GgmlType>(type));
   if (info.block == 0) throw nb::value_error(("native_cpu serves no GGML type number " + std::to_string(type)).c_str());
   return info;
 }
@@ -64,7 +44,7 @@ PyObject* gemm_output(const Kernel& k, Args& g, KernelFn<Args> run) {
 // activation [M, K] (the kernel's dtype), weight uint8 [N, K / block * bytes] -> [M, N]
 struct GemmGgufKernel final : Kernel {
   int type;
-  GgmlInfo info;
+  GgmlBlock info;
   KernelFn<GemmGgufArgs> run;
   KernelFn<GemmArgs> gemm;
   PyObject* call(PyObject* const* args, Py_ssize_t nargs) override {
@@ -144,7 +124,7 @@ struct GemmW4A16Kernel final : Kernel {
 // ids int32|int64 [T], weight uint8 [V, row bytes] -> [T, row's weights] (the kernel's dtype)
 struct EmbeddingGgufKernel final : Kernel {
   int type;
-  GgmlInfo info;
+  GgmlBlock info;
   KernelFn<EmbeddingGgufArgs> run;
   PyObject* call(PyObject* const* args, Py_ssize_t nargs) override {
     if (!expect_args(*this, nargs, 2)) return nullptr;

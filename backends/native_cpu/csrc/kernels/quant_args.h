@@ -25,6 +25,25 @@ enum class GgmlType : int {
   bf16 = 30
 };
 
+// Weights and bytes per block of a type served; {0, 0} for any other number.
+struct GgmlBlock {
+  int64_t block, bytes;
+};
+constexpr GgmlBlock ggml_block(GgmlType t) {
+  switch (t) {
+    case GgmlType::f32: return {1, 4};
+    case GgmlType::f16:
+    case GgmlType::bf16: return {1, 2};
+    case GgmlType::q8_0: return {32, 34};
+    case GgmlType::q4_0: return {32, 18};
+    case GgmlType::q4_1: return {32, 20};
+    case GgmlType::q4_k: return {256, 144};
+    case GgmlType::q5_k: return {256, 176};
+    case GgmlType::q6_k: return {256, 210};
+  }
+  return {0, 0};
+}
+
 // activation [m, k] (the kernel's dtype) @ W.T -> d [m, n], W as n rows of row_bytes bytes of
 // GGML blocks (the kernel's variant).
 struct GemmGgufArgs {

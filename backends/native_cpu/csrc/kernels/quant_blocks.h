@@ -9,31 +9,9 @@
 
 using tnc::GgmlType;
 
-// weights per block and bytes per block of each type
-constexpr int64_t ggml_block_size(GgmlType t) {
-  switch (t) {
-    case GgmlType::f32:
-    case GgmlType::f16:
-    case GgmlType::bf16: return 1;
-    case GgmlType::q8_0:
-    case GgmlType::q4_0:
-    case GgmlType::q4_1: return 32;
-    default: return 256;
-  }
-}
-constexpr int64_t ggml_type_size(GgmlType t) {
-  switch (t) {
-    case GgmlType::f32: return 4;
-    case GgmlType::f16:
-    case GgmlType::bf16: return 2;
-    case GgmlType::q8_0: return 34;
-    case GgmlType::q4_0: return 18;
-    case GgmlType::q4_1: return 20;
-    case GgmlType::q4_k: return 144;
-    case GgmlType::q5_k: return 176;
-    default: return 210;
-  }
-}
+// weights per block and bytes per block of each type (kernels/quant_args.h)
+constexpr int64_t ggml_block_size(GgmlType t) { return tnc::ggml_block(t).block; }
+constexpr int64_t ggml_type_size(GgmlType t) { return tnc::ggml_block(t).bytes; }
 constexpr bool ggml_is_float(GgmlType t) { return t == GgmlType::f32 || t == GgmlType::f16 || t == GgmlType::bf16; }
 
 // the float16 at p (unaligned), exactly
