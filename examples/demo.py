@@ -53,10 +53,11 @@ def agreement(ref: torch.Tensor, ref_logits: torch.Tensor, got: torch.Tensor) ->
     except AssertionError as error:
         return f"DISAGREE where HF eager is sure: {error}"
     top2 = ref_logits[same, 0].float().topk(2).values
+    margin = float(top2[0] - top2[1])
+    side = "within" if margin <= tolerance else "beyond"
     return (
         f"the same {same} tokens, then apart at token {same + 1}, where HF eager's top two logits are "
-        f"{float(top2[0] - top2[1]):.3f} apart, within bf16 rounding ({tolerance:.3f}); "
-        f"HF eager was sure for the first {sure}"
+        f"{margin:.3f} apart, {side} bf16 rounding ({tolerance:.3f}); HF eager was sure for the first {sure}"
     )
 
 
