@@ -64,6 +64,18 @@ def test_inductor_compiles_an_op_into_a_larger_graph(cpu_target):
     torch.testing.assert_close(compiled(x, w), op(x * 2, w) + 1)
 
 
+def test_a_dimension_marked_dynamic_stays_symbolic_through_the_fake(cpu_target):
+    """vLLM marks the token count dynamic and traces once: the fake must not turn the
+    symbolic size into an int (that specialises it and dynamo refuses the graph)."""
+    op = RMSNormFwdOp(normalized_shape=(64,))
+    w = torch.randn(64, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x: op(x, w) * 2, fullgraph=True, backend="aot_eager")
+    for tokens in (7, 9, 33):
+        x = torch.randn(tokens, 64, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), op(x, w) * 2)
+
+
 @pytest.mark.parametrize("cls", ALL_OPS, ids=lambda c: c.__name__)
 def test_make_fx_records_the_custom_op_and_builds_nothing(cls, meta_target):
     op, inputs, _ = op_and_inputs(cls)

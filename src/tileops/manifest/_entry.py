@@ -257,7 +257,7 @@ class OpEntry:
             field = f"signature.outputs.{out.name}.shape"
             value = self._eval(out.shape, ns, field)
             try:
-                shape = tuple(int(d) for d in value)
+                shape = tuple(d if isinstance(d, torch.SymInt) else int(d) for d in value)  # traced sizes stay symbolic
             except TypeError:
                 raise ManifestError(self.source, self.name, field, f"gave {value!r}, not a sequence of ints") from None
             if out.dtype is not None:

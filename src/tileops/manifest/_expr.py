@@ -30,7 +30,9 @@ class TensorView:
 
 
 def view_of(spec: Any) -> TensorView:
-    shape = tuple(int(d) for d in spec.shape)
+    # A traced tensor's symbolic sizes stay symbolic: int() on one would specialise a
+    # dimension the tracer was told is dynamic (vLLM marks the token count so).
+    shape = tuple(d if isinstance(d, torch.SymInt) else int(d) for d in spec.shape)
     return TensorView(shape, len(shape), spec.dtype, math.prod(shape))
 
 
