@@ -52,3 +52,23 @@ def write(arch: str, folder: pathlib.Path) -> pathlib.Path:
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     return folder
+
+
+def write_real(folder: pathlib.Path) -> pathlib.Path:
+    """SmolLM2-135M-Instruct, the trained model of the tests (its Q4_1 GGUF file, `make
+    model`), as vLLM loads a checkpoint: transformers dequantizes it to bfloat16, saved as
+    safetensors with its tokenizer and chat template. About 300 MB, a few seconds."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig  # noqa: PLC0415
+
+    from ..transformers._real_model import GGUF, require_the_model  # noqa: PLC0415
+
+    require_the_model()
+    if (folder / "config.json").is_file():
+        return folder
+    model = AutoModelForCausalLM.from_pretrained(
+        GGUF.parent, gguf_file=GGUF.name, dtype=torch.bfloat16, quantization_config=GgufConfig(dequantize=True)
+    )
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name).save_pretrained(folder)
+    return folder

@@ -1,4 +1,5 @@
-"""One vLLM engine over a checkpoint folder, greedy, token-id prompts; prints one JSON line.
+"""One vLLM engine over a checkpoint folder, greedy (every prompt its --max-tokens: EOS does
+not stop it), token-id prompts; prints one JSON line.
 
     python tests/vllm/run_vllm.py MODEL_DIR --prompts '[[1, 2, 3], [4, 5]]' --max-tokens 16
 
@@ -36,7 +37,7 @@ def main() -> None:
         seed=0,
     )
     params = SamplingParams(
-        temperature=0.0, max_tokens=args.max_tokens, logprobs=2, prompt_logprobs=0, detokenize=False
+        temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=2, prompt_logprobs=0, detokenize=False
     )
     prompts = [{"prompt_token_ids": ids} for ids in json.loads(args.prompts)]
     results = []
