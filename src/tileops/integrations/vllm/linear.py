@@ -63,7 +63,9 @@ class _Served:
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self._gemm is None:
             return super().apply(layer, x, bias)
-        return _linear(self._gemm, x, layer.weight, bias)
+        # .data: vLLM's weights are Parameter subclasses, which the op would route through
+        # its custom op (the tracer's path, for tensor subclasses); the values are the same
+        return _linear(self._gemm, x, layer.weight.data, bias)
 
 
 class TileopsLinearMethod(_Served, vllm_linear.UnquantizedLinearMethod):

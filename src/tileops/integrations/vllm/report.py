@@ -65,7 +65,8 @@ def summary(instantiated_custom_ops: set[str] = frozenset()) -> str:
     if others:
         off.append("vLLM custom ops " + ", ".join(others) + " (no tileops counterpart)")
     off.append("embedding lookup, logits processing and sampling (not tileops ops)")
-    return f"tileops: target {target_name()} serves {on}; on vLLM's own kernels: {'; '.join(off)}"
+    threads = torch.get_num_threads()  # what native_cpu sizes its kernels to
+    return f"tileops: target {target_name()} ({threads} threads) serves {on}; on vLLM's own kernels: {'; '.join(off)}"
 
 
 def log_once(logger, instantiated_custom_ops: set[str]) -> None:
