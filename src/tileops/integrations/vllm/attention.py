@@ -58,7 +58,8 @@ class TileopsAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
         reqs = common_attn_metadata.num_reqs
-        starts = meta.query_start_loc[: reqs + 1].to(torch.int32)
+        # copies, not views: vLLM reuses its metadata buffers from step to step
+        starts = meta.query_start_loc[: reqs + 1].to(torch.int32, copy=True)
         meta.tileops_cu_seqlens_q = starts
         meta.tileops_cache_seqlens = (meta.seq_lens[:reqs] - (starts[1:] - starts[:-1])).to(torch.int32)
         meta.tileops_block_table = (meta.block_table[:reqs] * 2).to(torch.int32)
