@@ -156,7 +156,11 @@ def _export(cls: type[Op], path: str) -> None:
         existing = module.__dict__.get(cls.__name__)
         if existing is not None and existing is not cls:
             raise ImportError(f"{path}.{cls.__name__} is taken by {existing!r}")
-        if existing is None and not _is_lazy(module):
+        # A module another thread is still executing has not reached its hook yet (the
+        # import lock lets a waiter through with the partial module where waiting would
+        # deadlock); only a finished module without one is a file to fix.
+        initializing = getattr(getattr(module, "__spec__", None), "_initializing", False)
+        if existing is None and not _is_lazy(module) and not initializing:
             # Without the hook, the op would be missing from this module until some other
             # path made it: say so the first time the op is made, not on some later import.
             raise ImportError(
