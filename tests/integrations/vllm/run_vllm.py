@@ -1,7 +1,7 @@
 """One vLLM engine over a checkpoint folder, greedy (every prompt its --max-tokens: EOS does
 not stop it), token-id prompts; prints one JSON line.
 
-    python tests/vllm/run_vllm.py MODEL_DIR --prompts '[[1, 2, 3], [4, 5]]' --max-tokens 16
+    python tests/integrations/vllm/run_vllm.py MODEL_DIR --prompts '[[1, 2, 3], [4, 5]]' --max-tokens 16
 
 With vLLM's plugins as the environment selects them (``VLLM_PLUGINS``): the tests run it
 with and without ``tileops``. Output: per prompt, the generated ids, the top-2 log-probs of
@@ -22,6 +22,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument(
+        "--executor", default=None, help="vLLM's distributed_executor_backend (uni: the worker in the engine's process)"
+    )
     parser.add_argument("--compile", action="store_true", help="vLLM's default torch.compile mode (else eager)")
     args = parser.parse_args()
 
@@ -35,6 +38,7 @@ def main() -> None:
         skip_tokenizer_init=True,
         tensor_parallel_size=args.tp,
         seed=0,
+        distributed_executor_backend=args.executor,
     )
     params = SamplingParams(
         temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=2, prompt_logprobs=0, detokenize=False

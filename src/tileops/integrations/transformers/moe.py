@@ -14,11 +14,8 @@ and called with the routing: ``(hidden_states [T, H], top_k_index [T, K], top_k_
   unspecified: a token whose k-th logit ties with an expert left out is re-ranked by
   ``torch.topk`` on transformers' own formula, so the selection is transformers' exactly.
 - Experts (``"tileops"`` in ``ExpertsInterface``): ``FusedMoeFwdOp`` takes router logits and
-  routes itself, so the routing it is handed is given to it as logits that select exactly
-  the chosen experts and weigh them by the given weights: ``sigmoid`` scoring with
-  ``logit(w)`` at each chosen expert and ``-inf`` elsewhere, no renormalisation. The
-  weights reach the op to within float32 rounding of the sigmoid (a few 1e-6 relative,
-  against 4e-3 for a bfloat16 weight).
+  routes itself, so the routing it is handed reaches it as logits that select exactly the
+  chosen experts with the given weights (``tileops.integrations.routing``).
 """
 
 from __future__ import annotations
@@ -35,9 +32,9 @@ try:
 except ImportError:  # pragma: no cover
     _default_apply_gate = None
 
-NAME = "tileops"
+from ..routing import routing_as_logits
 
-_F32_MIN = torch.finfo(torch.float32).min
+NAME = "tileops"
 
 
 def _pow2(n: int) -> int:
@@ -78,20 +75,6 @@ def _ties_as_transformers(logits: torch.Tensor, weights: torch.Tensor, ids: torc
 
 
 # ---- the experts -------------------------------------------------------------------------
-
-
-def routing_as_logits(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """float32 [T, E] logits whose sigmoid top-k (no renormalisation) selects exactly the
-    experts of ``top_k_index`` with the weights ``top_k_weights`` (each in [0, 1])."""
-    w = top_k_weights.double()
-    if bool(((w < 0) | (w > 1) | w.isnan()).any()):
-        raise ValueError("tileops experts take routing weights in [0, 1] (a softmax router's), got others")
-    logit = (torch.log(w) - torch.log1p(-w)).float()  # sigmoid(logit) = w; w = 1 gives +inf, sigmoid 1
-    logit = logit.masked_fill(w == 0, _F32_MIN)  # chosen with weight 0: still above the -inf of the others
-    gating = torch.full(
-        (top_k_index.shape[0], num_experts), float("-inf"), dtype=torch.float32, device=top_k_index.device
-    )
-    return gating.scatter_(1, top_k_index.long(), logit)
 
 
 def tileops_experts(

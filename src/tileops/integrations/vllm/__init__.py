@@ -10,6 +10,7 @@ model. ``register`` puts tileops' layers in place of vLLM's:
 - ``RotaryEmbedding`` (NeoX and GPT-J pairs) and ``Llama3RotaryEmbedding``: the
   position-id RoPE ops;
 - unquantized linear layers and the LM head: ``GemmFwdOp``;
+- unquantized MoE experts (``FusedMoE``, routed by vLLM's router): ``FusedMoeFwdOp``;
 - attention: the backend vLLM's CPU platform picks (``CPU_ATTN``) is replaced by one that
   runs ``GroupedQueryAttentionPrefillPagedWithKVCacheFwdOp`` over vLLM's paged KV cache.
 
@@ -42,11 +43,12 @@ def register() -> None:
     with _lock:
         if _registered:
             return
-        from . import attention, layers, linear  # noqa: PLC0415 (imports vLLM)
+        from . import attention, layers, linear, moe  # noqa: PLC0415 (imports vLLM)
         from .report import choose_target  # noqa: PLC0415
 
         choose_target(os.environ.get("TILEOPS_TARGET") or None)
         layers.register()
         linear.register()
+        moe.register()
         attention.register()
         _registered = True
