@@ -233,3 +233,44 @@ def test_moe_layers_the_op_cannot_run_exactly_keep_vllms_kernel_and_say_why():
     }
     for why, changes in cases.items():
         assert why in (moe._refusal(layer(**changes)) or ""), (why, moe._refusal(layer(**changes)))
+
+
+ROPES = {  # vLLM rotary class -> its constructor's arguments after (head_size, rotary_dim)
+    "RotaryEmbedding": lambda neox: (4096, 10000.0, neox, "dtype"),
+    "Llama3RotaryEmbedding": lambda neox: (4096, 500000.0, neox, "dtype", 8.0, 1.0, 4.0, 1024),
+    "LinearScalingRotaryEmbedding": lambda neox: (1024, 10000.0, neox, 2.5, "dtype"),
+    "DynamicNTKScalingRotaryEmbedding": lambda neox: (4096, 1024, 10000.0, neox, 4.0, "dtype"),
+}
+
+
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize("name", list(ROPES))
+def test_rotary_layers_rotate_as_vllms_own(name, neox):
+    """Each served rotary class against vLLM's own math on the same instance (its
+    cos/sin table, ``RotaryEmbedding.forward_native``), partial rotary dim, positions
+    across the scaled context."""
+    import torch  # noqa: PLC0415
+    from vllm.config import VllmConfig, set_current_vllm_config  # noqa: PLC0415
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding  # noqa: PLC0415
+
+    from tileops.integrations.vllm import layers  # noqa: PLC0415
+
+    cls = next(c for c in layers.LAYERS if c._vllm_name == name)
+    args = [torch.bfloat16 if a == "dtype" else a for a in ROPES[name](neox)]
+    head, rotary = 64, 48
+    with set_current_vllm_config(VllmConfig()):
+        layer = cls(head, rotary, *args)
+    if layer._op is None:  # a refusal names itself; only Llama 3 on GPT-J pairs, linear on GPT-J pairs
+        assert not neox and name in ("Llama3RotaryEmbedding", "LinearScalingRotaryEmbedding"), name
+        return
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, layer.cos_sin_cache.shape[0], (33,), generator=gen)
+    q = torch.randn(33, 4 * head, generator=gen).bfloat16()
+    k = torch.randn(33, 2 * head, generator=gen).bfloat16()
+    want_q, want_k = RotaryEmbedding.forward_native(layer, positions, q.clone(), k.clone())
+    got_q, got_k = layer.forward_native(positions, q.clone(), k.clone())
+    # both round cos and sin to bf16 and the products in bf16: at most a few bf16 ulps apart
+    torch.testing.assert_close(got_q.float(), want_q.float(), atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(got_k.float(), want_k.float(), atol=3e-2, rtol=2e-2)
+    # and a wrong table would be far off: the rotation moves the rotated channels by O(1)
+    assert (got_q.float() - q.float())[:, :rotary].abs().max() > 0.5

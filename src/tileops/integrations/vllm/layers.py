@@ -13,11 +13,15 @@ dynamo. The ops are made in ``__init__``: nothing is constructed inside a traced
 
 from __future__ import annotations
 
+import math
+
 import torch
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.activation import GeluAndMul, SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import DynamicNTKScalingRotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import LinearScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
 
 from ... import ops
@@ -32,6 +36,8 @@ class TileopsRMSNorm(RMSNorm):
     """``RMSNormFwdOp``; with a residual, ``FusedAddRMSNormFwdOp`` (the sum is rounded to
     the model's dtype before it is normalised, as vLLM's own CPU kernel does)."""
 
+    _vllm_name = "RMSNorm"
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._norm = self._add_norm = None
@@ -41,11 +47,11 @@ class TileopsRMSNorm(RMSNorm):
         elif self.weight.dtype not in _NORM_DTYPES:
             why = f"{self.weight.dtype} (tileops' norms take float16 | bfloat16)"
         if why:
-            report.kept("RMSNorm", why)
+            report.kept(self._vllm_name, why)
             return
         self._norm = ops.RMSNormFwdOp((self.hidden_size,), self.variance_epsilon)
         self._add_norm = ops.FusedAddRMSNormFwdOp(self.variance_epsilon)
-        report.served("RMSNorm")
+        report.served(self._vllm_name)
 
     def _tileops(self, x: torch.Tensor, residual: torch.Tensor | None):
         if residual is None:
@@ -63,40 +69,43 @@ class TileopsRMSNorm(RMSNorm):
         return self._tileops(x, residual)
 
 
-def _gated(x: torch.Tensor, op) -> torch.Tensor:
-    """op over x [..., 2d] as rows [M, 2d] -> [..., d]."""
-    width = x.shape[-1]
-    return op(x.reshape(-1, width)).view(*x.shape[:-1], width // 2)
+class _TileopsGated:
+    """The gated activations' shared forward: ``_op`` over x [..., 2d] as rows [M, 2d] -> [..., d]."""
+
+    _vllm_name: str
+    _op = None
+
+    def _tileops(self, x: torch.Tensor) -> torch.Tensor:
+        width = x.shape[-1]
+        return self._op(x.reshape(-1, width)).view(*x.shape[:-1], width // 2)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        return self._tileops(x)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        return self._tileops(x)
 
 
-class TileopsSiluAndMul(SiluAndMul):
+class TileopsSiluAndMul(_TileopsGated, SiluAndMul):
     """``SiluAndMulFwdOp``: silu(x[..., :d]) * x[..., d:]."""
+
+    _vllm_name = "SiluAndMul"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._op = ops.SiluAndMulFwdOp()
-        report.served("SiluAndMul")
-
-    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        return _gated(x, self._op)
-
-    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        return _gated(x, self._op)
+        report.served(self._vllm_name)
 
 
-class TileopsGeluAndMul(GeluAndMul):
+class TileopsGeluAndMul(_TileopsGated, GeluAndMul):
     """``GeluAndMulFwdOp`` (erf) or ``GeluTanhAndMulFwdOp`` (``approximate="tanh"``)."""
+
+    _vllm_name = "GeluAndMul"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._op = ops.GeluTanhAndMulFwdOp() if self.approximate == "tanh" else ops.GeluAndMulFwdOp()
-        report.served("GeluAndMul")
-
-    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
-        return _gated(x, self._op)
-
-    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        return _gated(x, self._op)
+        report.served(self._vllm_name)
 
 
 def _rope_op(layer: RotaryEmbedding):
@@ -115,6 +124,27 @@ def _rope_op(layer: RotaryEmbedding):
             original_max_position=int(layer.orig_max_position),
             **common,
         )
+    if isinstance(layer, LinearScalingRotaryEmbedding):
+        # positions divided by the factor = every frequency divided by it (LongRoPE's factors,
+        # all equal; max_position_embeddings == original: no factor on cos and sin)
+        if len(layer.scaling_factors) != 1:
+            return f"{len(layer.scaling_factors)} scaling factors (one cos/sin table each)"
+        if not layer.is_neox_style:
+            return "linear scaling on GPT-J pairs"
+        factor = float(layer.scaling_factors[0])
+        table = math.ceil(max_position * factor)  # vLLM's table: the scaled context
+        return ops.RopeLongRopePositionIdsFwdOp(
+            table,
+            base,
+            rescale_factors=[factor] * (layer.rotary_dim // 2),
+            max_position_embeddings=table,
+            original_max_position_embeddings=table,
+            **common,
+        )
+    if isinstance(layer, DynamicNTKScalingRotaryEmbedding):
+        # vLLM's "dynamic" NTK is static: one larger base, vLLM's formula
+        ratio = layer.scaling_factor * max_position / layer.max_trained_positions - (layer.scaling_factor - 1)
+        base *= ratio ** (layer.rotary_dim / (layer.rotary_dim - 2))
     if layer.is_neox_style:
         return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
     return ops.RopeNonNeoxPositionIdsFwdOp(max_position, base, **common)
@@ -126,7 +156,8 @@ class _TileopsRope:
 
     _vllm_name: str
 
-    def _setup(self) -> None:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)  # vLLM's rotary class: its tables, its fallback
         op = _rope_op(self)
         if isinstance(op, str):
             self._op = None
@@ -158,25 +189,30 @@ class _TileopsRope:
 class TileopsRotaryEmbedding(_TileopsRope, RotaryEmbedding):
     _vllm_name = "RotaryEmbedding"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup()
-
 
 class TileopsLlama3RotaryEmbedding(_TileopsRope, Llama3RotaryEmbedding):
     _vllm_name = "Llama3RotaryEmbedding"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._setup()
+
+class TileopsLinearScalingRotaryEmbedding(_TileopsRope, LinearScalingRotaryEmbedding):
+    _vllm_name = "LinearScalingRotaryEmbedding"
+
+
+class TileopsDynamicNTKScalingRotaryEmbedding(_TileopsRope, DynamicNTKScalingRotaryEmbedding):
+    _vllm_name = "DynamicNTKScalingRotaryEmbedding"
+
+
+LAYERS = (
+    TileopsRMSNorm,
+    TileopsSiluAndMul,
+    TileopsGeluAndMul,
+    TileopsRotaryEmbedding,
+    TileopsLlama3RotaryEmbedding,
+    TileopsLinearScalingRotaryEmbedding,
+    TileopsDynamicNTKScalingRotaryEmbedding,
+)
 
 
 def register() -> None:
-    for cls, name in (
-        (TileopsRMSNorm, "RMSNorm"),
-        (TileopsSiluAndMul, "SiluAndMul"),
-        (TileopsGeluAndMul, "GeluAndMul"),
-        (TileopsRotaryEmbedding, "RotaryEmbedding"),
-        (TileopsLlama3RotaryEmbedding, "Llama3RotaryEmbedding"),
-    ):
-        CustomOp.register_oot(cls, name=name)
+    for cls in LAYERS:  # each under the vLLM class name it replaces
+        CustomOp.register_oot(cls, name=cls._vllm_name)
