@@ -85,7 +85,7 @@ def test_the_first_op_parses_only_its_manifest_file_and_makes_only_its_class():
         print(json.dumps({
             "parsed": [p.name for p in m._by_file],
             "made": list(_catalog._built),
-            "custom op": str(RMSNormFwdOp._custom_op._opoverload),
+            "custom op": str(RMSNormFwdOp._custom_op),
         }))
         """
     )
