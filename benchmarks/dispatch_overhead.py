@@ -6,7 +6,10 @@ the rounds is reported):
 * ``op(a, b)``          an AddFwdOp whose target's kernel does nothing but return a
                         preallocated tensor (the trivial kernel);
 * ``kernel(a, b)``      that same kernel called directly;
-* ``torch.add(a, b)``   one tiny eager torch op, for scale.
+* ``torch.add(a, b)``   one tiny eager torch op, for scale;
+* ``compiled op``       per call, the op ten times over inside one torch.compile'd
+                        function (its ``tileops::`` custom op, under inference_mode, as
+                        a serving engine's compiled model calls it).
 
 Targets (design.md): overhead = op - kernel <= 0.5 us, and <= 0.5 x torch.add.
 
@@ -52,11 +55,22 @@ def main() -> None:
     a, b = torch.ones(4), torch.ones(4)
     op(a, b)  # build once: everything after is a memo hit
 
-    rows = {"op": [], "kernel": [], "torch.add": []}
+    def ten_calls(x, y):
+        for _ in range(10):
+            x = op(x, y)
+        return x
+
+    compiled = torch.compile(ten_calls, fullgraph=True)
+    with torch.inference_mode():
+        compiled(a, b)
+
+    rows = {"op": [], "kernel": [], "torch.add": [], "compiled op": []}
     for _ in range(args.rounds):
         rows["op"].append(per_call_ns(op, (a, b), args.calls))
         rows["kernel"].append(per_call_ns(trivial_kernel, (a, b), args.calls))
         rows["torch.add"].append(per_call_ns(torch.add, (a, b), args.calls))
+        with torch.inference_mode():
+            rows["compiled op"].append(per_call_ns(compiled, (a, b), args.calls // 10) / 10)
     med = {name: statistics.median(values) for name, values in rows.items()}
     overhead = med["op"] - med["kernel"]
 

@@ -19,12 +19,20 @@
 // Packing B reads, transposes and writes the whole weight before any arithmetic (30 MB at
 // n2112 k7168), a large share of a product with few rows; here the weight is read once, by
 // the arithmetic. Used for
-// m <= kDirectMaxM, where A (and the C^T buffer) stay small and packing B would be a large
-// share of the work.
+// kDirectMinM <= m <= kDirectMaxM, where A (and the C^T buffer) stay small and packing B
+// would be a large share of the work.
 constexpr int kNBd = 12;                // B rows (result columns) per register tile
 constexpr int64_t kKCd = 1024;          // K per block: an A strip block is 64 KB
 constexpr int64_t kNCd = 3072;          // result columns per outer block (C^T buffer)
 constexpr int64_t kDirectMaxM = 256;
+// From this many rows (kDirectMinM1 on one thread) the direct path also takes the skinny
+// products: with weights from memory (a model's layers in turn, benchmarks/vllm_gemm.py)
+// it streamed them faster than the skinny blocks on a Zen 5 VM. One thread, m = 8-16:
+// 10.3-10.8 ms against 12.8-17.5 per 212 MB pass (0.8-1.0x oneDNN's packed GEMM); two
+// threads, m = 12-16: 8.1-9.6 against 9.3-12.9, but m = 8 8.2-10.9 against 7.7-8.6
+// (docs/performance.md). Below, the skinny path (one B stream per thread up to 4 rows).
+constexpr int64_t kDirectMinM = 12;
+constexpr int64_t kDirectMinM1 = 8;
 // TILEOPS_NATIVE_CPU_GEMM_NT_DIRECT=0 sends these GEMMs to the packed path (for comparison)
 inline bool direct_nt_enabled() {
   static const bool on = [] {
@@ -207,8 +215,16 @@ inline void skinny_nt_bf16_block(const uint16_t* __restrict ap, int64_t kp, cons
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], av[r], bv);
     }
   }
+  // the MR x NB dots reduced together (one transpose_add, as the GEMV's blocks): one
+  // horizontal reduction per dot was a large share of a block at small K (K = 576: 18 steps)
+  static_assert(MR * NB <= W, "a block's dots fill at most one vector");
+  __m512 sums[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) sums[i] = i < MR * NB ? acc[i / NB][i % NB] : _mm512_setzero_ps();
+  alignas(64) float dot[W];
+  _mm512_store_ps(dot, S::transpose_add(sums));
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NB; ++j) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+    for (int j = 0; j < NB; ++j) out[r][j] = dot[r * NB + j];
 }
 
 template <int MR>
@@ -225,9 +241,11 @@ void skinny_nt_bf16(const uint16_t* ap, int64_t kp, const uint16_t* B, int64_t l
 }
 
 // Weight rows stream from memory: a prefetch into the L2 (prefetcht1) this many bytes
-// ahead of the loads, one per two cache lines (the L2's own prefetcher fetches the pair's
-// other line). In a standalone harness on a Zen 4 the per-row dots were faster with it
-// than without, and prefetcht0 instead was worse than none (docs/performance.md).
+// ahead of the loads, one per cache line. In a standalone harness on a Zen 4 the per-row
+// dots were faster with it than without, and prefetcht0 instead was worse than none; one
+// prefetch per two lines (leaving the pair's other line to the L2's adjacent-line
+// prefetcher) left a Zen 5 VM's GEMV at two to four rows 1.3-1.6x slower than one per
+// line (docs/performance.md).
 constexpr int64_t kRowPrefetchBytes = 4096;
 
 // The dots of one row of B with MR rows of A (each zero-padded to a multiple of 32, kp
@@ -249,7 +267,7 @@ inline void dot_bf16_nt_sums(const uint16_t* __restrict a, int64_t kp, const uin
   for (; kk + 32 * C <= k32; kk += 32 * C)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      if (c % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + kk + 32 * c) + kRowPrefetchBytes, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(row + kk + 32 * c) + kRowPrefetchBytes, _MM_HINT_T1);
       const __m512bh bv = (__m512bh)_mm512_loadu_si512(row + kk + 32 * c);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r)
@@ -382,10 +400,16 @@ inline void gemm_skinny_bf16_nt(const tnc::GemmArgs& g, int threads) {
   }
 }
 
-// The bfloat16 GEMM entry on AVX-512 BF16: skinny NT products take vdpbf16ps straight on
-// the operands, other skinny ones the generic skinny path; NT products of up to
-// kDirectMaxM rows read the weight in place; everything else packs K pairs.
+// The bfloat16 GEMM entry on AVX-512 BF16: NT products of kDirectMinM (kDirectMinM1 on
+// one thread) to kDirectMaxM rows read the weight in place (the direct path); fewer rows
+// take vdpbf16ps straight on the operands (gemm_skinny_bf16_nt), other skinny products
+// the generic skinny path; everything else packs K pairs.
 inline void gemm_entry_avx512_bf16(const tnc::GemmArgs& g, int threads) {
+  const bool direct = g.b_row == 1 && g.k % 2 == 0 && g.k > 0 && g.m <= kDirectMaxM && direct_nt_enabled();
+  if (direct && g.m >= (threads == 1 ? kDirectMinM1 : kDirectMinM)) {
+    gemm_bf16_nt_direct(g, threads);
+    return;
+  }
   if (g.m <= kSkinnyM && (g.b_row == 1 || g.b_col == 1)) {
     if (g.b_row == 1 && (g.b_col != 1 || g.n == 1) && g.k > 0) {
       gemm_skinny_bf16_nt(g, threads);
@@ -394,7 +418,7 @@ inline void gemm_entry_avx512_bf16(const tnc::GemmArgs& g, int threads) {
     gemm_skinny<bf16_t>(g, threads);
     return;
   }
-  if (g.b_row == 1 && g.k % 2 == 0 && g.k > 0 && g.m <= kDirectMaxM && direct_nt_enabled()) {
+  if (direct) {
     gemm_bf16_nt_direct(g, threads);
     return;
   }
