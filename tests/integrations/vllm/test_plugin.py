@@ -240,6 +240,8 @@ ROPES = {  # vLLM rotary class -> its constructor's arguments after (head_size, 
     "Llama3RotaryEmbedding": lambda neox: (4096, 500000.0, neox, "dtype", 8.0, 1.0, 4.0, 1024),
     "LinearScalingRotaryEmbedding": lambda neox: (1024, 10000.0, neox, 2.5, "dtype"),
     "DynamicNTKScalingRotaryEmbedding": lambda neox: (4096, 1024, 10000.0, neox, 4.0, "dtype"),
+    # factor 4: cos and sin times an mscale of 1.139
+    "YaRNScalingRotaryEmbedding": lambda neox: (1024, 10000.0, neox, 4.0, "dtype"),
 }
 
 
@@ -260,8 +262,12 @@ def test_rotary_layers_rotate_as_vllms_own(name, neox):
     head, rotary = 64, 48
     with set_current_vllm_config(VllmConfig()):
         layer = cls(head, rotary, *args)
-    if layer._op is None:  # a refusal names itself; only Llama 3 on GPT-J pairs, linear on GPT-J pairs
-        assert not neox and name in ("Llama3RotaryEmbedding", "LinearScalingRotaryEmbedding"), name
+    if layer._op is None:  # refused on GPT-J pairs only: Llama 3, linear, YaRN (a NeoX op each)
+        assert not neox and name in (
+            "Llama3RotaryEmbedding",
+            "LinearScalingRotaryEmbedding",
+            "YaRNScalingRotaryEmbedding",
+        ), name
         return
     gen = torch.Generator().manual_seed(0)
     positions = torch.randint(0, layer.cos_sin_cache.shape[0], (33,), generator=gen)

@@ -7,8 +7,8 @@ model. ``register`` puts tileops' layers in place of vLLM's:
 
 - ``RMSNorm`` (and its fused residual add): ``RMSNormFwdOp``, ``FusedAddRMSNormFwdOp``;
 - ``SiluAndMul`` and ``GeluAndMul``: the gated activation ops;
-- ``RotaryEmbedding`` (NeoX and GPT-J pairs), ``Llama3RotaryEmbedding`` and the linear
-  and dynamic-NTK scalings: the position-id RoPE ops;
+- ``RotaryEmbedding`` (NeoX and GPT-J pairs), ``Llama3RotaryEmbedding`` and the linear,
+  dynamic-NTK and YaRN scalings: the position-id RoPE ops;
 - unquantized linear layers and the LM head: ``GemmFwdOp``;
 - unquantized MoE experts (``FusedMoE``, routed by vLLM's router): ``FusedMoeFwdOp``;
 - attention: the backend vLLM's CPU platform picks (``CPU_ATTN``) is replaced by one that

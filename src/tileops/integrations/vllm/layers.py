@@ -23,6 +23,7 @@ from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import DynamicNTKScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import LinearScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
 
 from ... import ops
 from . import report
@@ -141,6 +142,27 @@ def _rope_op(layer: RotaryEmbedding):
             original_max_position_embeddings=table,
             **common,
         )
+    if isinstance(layer, YaRNScalingRotaryEmbedding):
+        if not layer.is_neox_style:
+            return "YaRN on GPT-J pairs"
+        # vLLM's own YaRN frequencies as LongRoPE's per-frequency factors (the YaRN op's
+        # correction dims are over half the rotary dim, vLLM's over all of it)
+        rotary = layer.rotary_dim
+        plain = 1.0 / (base ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary))
+        factors = (plain / layer._compute_inv_freq(layer.scaling_factor).double()).tolist()
+        table = math.ceil(max_position * layer.scaling_factor)
+        gain = _gain_positions(layer.mscale)
+        if isinstance(gain, str):
+            return gain
+        top, original = gain
+        return ops.RopeLongRopePositionIdsFwdOp(
+            table,
+            base,
+            rescale_factors=factors,
+            max_position_embeddings=top,
+            original_max_position_embeddings=original,
+            **common,
+        )
     if isinstance(layer, DynamicNTKScalingRotaryEmbedding):
         # vLLM's "dynamic" NTK is static: one larger base, vLLM's formula
         ratio = layer.scaling_factor * max_position / layer.max_trained_positions - (layer.scaling_factor - 1)
@@ -148,6 +170,21 @@ def _rope_op(layer: RotaryEmbedding):
     if layer.is_neox_style:
         return ops.RopeNeoxPositionIdsFwdOp(max_position, base, **common)
     return ops.RopeNonNeoxPositionIdsFwdOp(max_position, base, **common)
+
+
+_GAIN_BASE = 1 << 20  # original_max_position_embeddings when a gain is set (see below)
+
+
+def _gain_positions(gain: float) -> tuple[int, int] | str:
+    """(max_position_embeddings, original_max_position_embeddings) whose LongRoPE factor on
+    cos and sin, sqrt(1 + ln(max / orig) / ln(orig)), is ``gain`` (vLLM's YaRN mscale):
+    orig = 2^20 and max = orig^(gain^2), rounded (a relative error under 1e-6 / gain^2).
+    Those two only set the factor; the table is sized by max_position."""
+    if gain == 1.0:
+        return _GAIN_BASE, _GAIN_BASE
+    if not 1.0 < gain <= 1.75:  # orig^(gain^2) within int64
+        return f"YaRN mscale {gain:.4g} (the op's cos/sin factor covers 1 to 1.75)"
+    return round(_GAIN_BASE ** (gain * gain)), _GAIN_BASE
 
 
 class _TileopsRope:
@@ -202,6 +239,10 @@ class TileopsDynamicNTKScalingRotaryEmbedding(_TileopsRope, DynamicNTKScalingRot
     _vllm_name = "DynamicNTKScalingRotaryEmbedding"
 
 
+class TileopsYaRNScalingRotaryEmbedding(_TileopsRope, YaRNScalingRotaryEmbedding):
+    _vllm_name = "YaRNScalingRotaryEmbedding"
+
+
 LAYERS = (
     TileopsRMSNorm,
     TileopsSiluAndMul,
@@ -210,6 +251,7 @@ LAYERS = (
     TileopsLlama3RotaryEmbedding,
     TileopsLinearScalingRotaryEmbedding,
     TileopsDynamicNTKScalingRotaryEmbedding,
+    TileopsYaRNScalingRotaryEmbedding,
 )
 
 
