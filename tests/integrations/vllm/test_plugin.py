@@ -280,3 +280,25 @@ def test_rotary_layers_rotate_as_vllms_own(name, neox):
     torch.testing.assert_close(got_k.float(), want_k.float(), atol=3e-2, rtol=2e-2)
     # and a wrong table would be far off: the rotation moves the rotated channels by O(1)
     assert (got_q.float() - q.float())[:, :rotary].abs().max() > 0.5
+
+
+def test_a_vllm_layer_no_plugin_can_replace_is_listed_as_kept(monkeypatch):
+    """Phi-3's LongRoPE is a plain module in vLLM (not a custom op): register() has each
+    instance recorded, so the log line lists it rather than leaving it silent."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    from vllm.model_executor.layers.rotary_embedding import phi3_long_rope_scaled_rope as phi3  # noqa: PLC0415
+
+    from tileops.integrations.vllm import layers, report  # noqa: PLC0415
+
+    # the module reads the engine's max_model_len (which table it uses); no engine here
+    engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=4096))
+    monkeypatch.setattr(phi3, "get_current_vllm_config", lambda: engine)
+    monkeypatch.setattr(
+        phi3.Phi3LongRoPEScaledRotaryEmbedding, "__init__", phi3.Phi3LongRoPEScaledRotaryEmbedding.__init__
+    )
+    layers._listed_as_kept(phi3.Phi3LongRoPEScaledRotaryEmbedding, "not a vLLM custom op: no plugin hook")
+    phi3.Phi3LongRoPEScaledRotaryEmbedding(64, 64, 8192, 4096, 10000.0, True, torch.bfloat16, [1.0] * 32, [2.0] * 32)
+    line = report.summary()
+    assert "Phi3LongRoPEScaledRotaryEmbedding x1 (not a vLLM custom op: no plugin hook)" in line, line

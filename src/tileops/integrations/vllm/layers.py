@@ -23,6 +23,7 @@ from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.dynamic_ntk_scaling_rope import DynamicNTKScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.linear_scaling_rope import LinearScalingRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.llama3_rope import Llama3RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import Phi3LongRoPEScaledRotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
 
 from ... import ops
@@ -255,6 +256,19 @@ LAYERS = (
 )
 
 
+def _listed_as_kept(cls: type, why: str) -> None:
+    """A vLLM layer that is not a custom op (no plugin can replace it): each instance is
+    recorded as kept, so the log line lists it."""
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        report.kept(cls.__name__, why)
+
+    cls.__init__ = __init__
+
+
 def register() -> None:
     for cls in LAYERS:  # each under the vLLM class name it replaces
         CustomOp.register_oot(cls, name=cls._vllm_name)
+    _listed_as_kept(Phi3LongRoPEScaledRotaryEmbedding, "not a vLLM custom op: no plugin hook")
