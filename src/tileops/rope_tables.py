@@ -24,6 +24,7 @@ __all__ = [
     "frequencies",
     "llama31_inv_freq",
     "longrope_factor",
+    "longrope_factors_for",
     "longrope_inv_freq",
     "plain_inv_freq",
     "yarn_inv_freq",
@@ -96,6 +97,13 @@ def longrope_inv_freq(
     if rescale_factors is None:
         return f
     return f / torch.tensor(rescale_factors, dtype=torch.float32, device=device)
+
+
+def longrope_factors_for(inv_freq: torch.Tensor, base: float) -> list[float]:
+    """The LongRoPE rescale factors (plain_inv_freq / inv_freq) under which
+    longrope_inv_freq gives back ``inv_freq`` [half], any scaling's frequencies."""
+    half = inv_freq.numel()
+    return (plain_inv_freq(half, base).double() / inv_freq.double().cpu()).tolist()
 
 
 def longrope_factor(max_position_embeddings: int, original_max_position_embeddings: int) -> float:

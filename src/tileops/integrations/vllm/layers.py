@@ -27,6 +27,7 @@ from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope impo
 from vllm.model_executor.layers.rotary_embedding.yarn_scaling_rope import YaRNScalingRotaryEmbedding
 
 from ... import ops
+from ...rope_tables import longrope_factors_for
 from . import report
 
 __all__ = ["register"]
@@ -128,42 +129,20 @@ def _rope_op(layer: RotaryEmbedding):
         )
     if isinstance(layer, LinearScalingRotaryEmbedding):
         # positions divided by the factor = every frequency divided by it (LongRoPE's factors,
-        # all equal; max_position_embeddings == original: no factor on cos and sin)
+        # all equal)
         if len(layer.scaling_factors) != 1:
             return f"{len(layer.scaling_factors)} scaling factors (one cos/sin table each)"
         if not layer.is_neox_style:
             return "linear scaling on GPT-J pairs"
         factor = float(layer.scaling_factors[0])
-        table = math.ceil(max_position * factor)  # vLLM's table: the scaled context
-        return ops.RopeLongRopePositionIdsFwdOp(
-            table,
-            base,
-            rescale_factors=[factor] * (layer.rotary_dim // 2),
-            max_position_embeddings=table,
-            original_max_position_embeddings=table,
-            **common,
-        )
+        return _longrope_op(layer, base, factor, [factor] * (layer.rotary_dim // 2), 1.0)
     if isinstance(layer, YaRNScalingRotaryEmbedding):
         if not layer.is_neox_style:
             return "YaRN on GPT-J pairs"
         # vLLM's own YaRN frequencies as LongRoPE's per-frequency factors (the YaRN op's
         # correction dims are over half the rotary dim, vLLM's over all of it)
-        rotary = layer.rotary_dim
-        plain = 1.0 / (base ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary))
-        factors = (plain / layer._compute_inv_freq(layer.scaling_factor).double()).tolist()
-        table = math.ceil(max_position * layer.scaling_factor)
-        gain = _gain_positions(layer.mscale)
-        if isinstance(gain, str):
-            return gain
-        top, original = gain
-        return ops.RopeLongRopePositionIdsFwdOp(
-            table,
-            base,
-            rescale_factors=factors,
-            max_position_embeddings=top,
-            original_max_position_embeddings=original,
-            **common,
-        )
+        factors = longrope_factors_for(layer._compute_inv_freq(layer.scaling_factor), base)
+        return _longrope_op(layer, base, layer.scaling_factor, factors, layer.mscale)
     if isinstance(layer, DynamicNTKScalingRotaryEmbedding):
         # vLLM's "dynamic" NTK is static: one larger base, vLLM's formula
         ratio = layer.scaling_factor * max_position / layer.max_trained_positions - (layer.scaling_factor - 1)
@@ -173,19 +152,29 @@ def _rope_op(layer: RotaryEmbedding):
     return ops.RopeNonNeoxPositionIdsFwdOp(max_position, base, **common)
 
 
-_GAIN_BASE = 1 << 20  # original_max_position_embeddings when a gain is set (see below)
+_GAIN_BASE = 1 << 20  # the LongRoPE op's original_max_position_embeddings (_longrope_op)
 
 
-def _gain_positions(gain: float) -> tuple[int, int] | str:
-    """(max_position_embeddings, original_max_position_embeddings) whose LongRoPE factor on
-    cos and sin, sqrt(1 + ln(max / orig) / ln(orig)), is ``gain`` (vLLM's YaRN mscale):
-    orig = 2^20 and max = orig^(gain^2), rounded (a relative error under 1e-6 / gain^2).
-    Those two only set the factor; the table is sized by max_position."""
+def _longrope_op(layer: RotaryEmbedding, base: float, stretch: float, factors: list[float], gain: float):
+    """``RopeLongRopePositionIdsFwdOp`` over vLLM's table of max_position_embeddings x
+    ``stretch`` positions, with per-frequency ``factors`` and ``gain`` on cos and sin (vLLM's
+    YaRN mscale; 1 for none), or a reason it cannot. The op's factor on cos and sin is
+    sqrt(1 + ln(max / orig) / ln(orig)) of its two position counts, which set only that
+    factor: orig = 2^20 and max = orig^(gain^2), rounded (a relative error under 1e-6 / gain^2)."""
     if gain == 1.0:
-        return _GAIN_BASE, _GAIN_BASE
-    if not 1.0 < gain <= 1.75:  # orig^(gain^2) within int64
+        top = _GAIN_BASE
+    elif 1.0 < gain <= 1.75:  # orig^(gain^2) within int64
+        top = round(_GAIN_BASE ** (gain * gain))
+    else:
         return f"YaRN mscale {gain:.4g} (the op's cos/sin factor covers 1 to 1.75)"
-    return round(_GAIN_BASE ** (gain * gain)), _GAIN_BASE
+    return ops.RopeLongRopePositionIdsFwdOp(
+        math.ceil(layer.max_position_embeddings * stretch),  # vLLM's table: the stretched context
+        base,
+        rescale_factors=factors,
+        max_position_embeddings=top,
+        original_max_position_embeddings=_GAIN_BASE,
+        rotary_dim=layer.rotary_dim,
+    )
 
 
 class _TileopsRope:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ....rope_tables import longrope_factors_for, plain_inv_freq
 from .plan import Plan
 
 __all__ = ["LongRope", "rope_op", "rope_params"]
@@ -104,9 +105,8 @@ def rope_op(config: Any, module: nn.Module, name: str, plan: Plan):
     # yarn: transformers' YaRN (correction dims over the whole rotary dim, interpolation f /
     # factor) is not the YaRN op's convention (over half of it, (factor * base)^(-k/half)):
     # its own frequencies, as LongRoPE per-frequency factors
-    plain = 1.0 / (base ** (torch.arange(dim // 2, dtype=torch.float32) / (dim // 2)))
     return ops.RopeLongRopePositionIdsFwdOp(
-        max_position, base, rescale_factors=(plain.double() / inv_freq.double()).tolist(), **scaled
+        max_position, base, rescale_factors=longrope_factors_for(inv_freq, base), **scaled
     ), gain
 
 
@@ -121,10 +121,7 @@ def _transformers_rope(config: Any, module: nn.Module, rope_type: str, model: nn
     if rope_type == "default":
         rotary = next((type(m) for m in model.modules() if hasattr(type(m), "compute_default_rope_parameters")), None)
         if rotary is None:  # no rotary embedding of its own: the whole head, at the plain frequencies
-            return 1.0 / (
-                config.rope_parameters.get("rope_theta", 10000.0)
-                ** (torch.arange(0, module.head_dim, 2, dtype=torch.float32) / module.head_dim)
-            ), 1.0
+            return plain_inv_freq(module.head_dim // 2, config.rope_parameters.get("rope_theta", 10000.0)), 1.0
         inv_freq, gain = rotary.compute_default_rope_parameters(config, device=None, **kw)
     else:
         inv_freq, gain = ROPE_INIT_FUNCTIONS[rope_type](config, None, **kw)
