@@ -1,6 +1,5 @@
-"""The model tests run on the backends installed, not on fakes: this folder overrides the
-two autouse fixtures of tests/conftest.py that hide them, so discovery sees every
-installed backend, once per process (each test still names its target to ``enable``).
+"""The model tests run on the backends installed, not on fakes (tests/integrations/conftest.py
+lets discovery see them; each test still names its target to ``enable``).
 
 ``target`` is the CPU target a test enables its models on, each in turn; a test that takes
 it is marked ``models`` (pyproject.toml), which ``make test-integrations`` runs where both
@@ -25,19 +24,6 @@ BACKENDS = {
     "native_cpu": ("tileops_native_cpu", "backends/native_cpu"),
     "torch_cpu": ("tileops_cpu", "backends/example"),
 }
-
-
-@pytest.fixture(autouse=True)
-def _fresh_backend_registry():
-    """Discovery runs once per process, as it does for users (tests/conftest.py's fixture
-    resets the registry around each test)."""
-    yield
-
-
-@pytest.fixture(autouse=True)
-def _only_backends_the_test_installed():
-    """Discovery lists every installed backend (tests/conftest.py's fixture hides them)."""
-    yield
 
 
 @pytest.fixture(scope="module", params=[pytest.param(t, marks=pytest.mark.models) for t in TARGETS])
