@@ -141,10 +141,10 @@ def _define(cls: Any) -> None:
         return _instance(cls, args[n_inputs:], construct)._dispatcher.call_eager(*args[:n_inputs])
 
     def fake(*args: Any) -> Any:
-        tensors = args[:n_inputs]
+        tensors = list(args[:n_inputs])
         op = _instance(cls, args[n_inputs:], construct)
         device = next(t.device for t in tensors if t is not None)
-        metas = entry.output_meta(list(tensors), entry.call_params(list(tensors), op.params))
+        metas = entry.output_meta(tensors, entry.call_params(tensors, op.params))
         outs = tuple(torch.empty(shape, dtype=dtype, device=device) for dtype, shape in metas)
         return outs[0] if len(outs) == 1 else outs
 

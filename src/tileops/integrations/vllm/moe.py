@@ -80,7 +80,6 @@ class TileopsFusedMoEMethod(UnquantizedFusedMoEMethod):
             super().process_weights_after_loading(layer)
             return
         experts, ffn2, hidden = layer.w13_weight.shape
-        self._experts = experts
         self._op = ops.FusedMoeFwdOp(
             num_tokens=self._max_tokens,
             num_experts=experts,
@@ -100,7 +99,7 @@ class TileopsFusedMoEMethod(UnquantizedFusedMoEMethod):
         if self._op is None:
             return super().apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
         # vLLM ran the shared experts itself (no kernel of its own here to overlap them with)
-        gating = routing_as_logits(topk_ids, topk_weights, self._experts, check=False)
+        gating = routing_as_logits(topk_ids, topk_weights, layer.w13_weight.shape[0], check=False)
         # .data: the op's plain-tensor path, as for the linear layers
         return self._op(x.contiguous(), gating, layer.w13_weight.data, layer.w2_weight.data, None)
 
